@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Finds a DTLTO-capable clang and lld (version 21 or newer) and prints where they are, one
+# `NAME=PATH` line each (CLANG, LLD, AR, BIN), for tests, benchmarks and the README's sample link.
+#
+# A clang and ld.lld >= 21 on PATH are preferred. Otherwise clang/lld 22 come from PyPI's
+# ziglang package, installed once into a virtual environment outside the repository, with
+# one-line wrappers (`clang`, `ld.lld`, `llvm-ar`) that make the zig binary look like ordinary tools.
+#
+# Environment: DTLTO_REAPI_TOOLCHAIN_DIR overrides the cache directory
+# (default: ${XDG_CACHE_HOME:-~/.cache}/dtlto-reapi/toolchain).
+set -euo pipefail
+
+ZIGLANG_VERSION=0.17.1
+dir="${DTLTO_REAPI_TOOLCHAIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dtlto-reapi/toolchain}"
+bin="$dir/bin"
+
+major_version() { # prints the major version of an LLVM tool, or 0
+    "$1" --version 2>/dev/null | sed -n 's/^\(.* \)\{0,1\}\(clang version\|LLD\) \([0-9][0-9]*\)\..*/\3/p' | head -n1 | grep . || echo 0
+}
+
+write_wrapper() { # name, command line that takes "$@"
+    local tmp="$bin/.$1.tmp"
+    printf '#!/bin/sh\nexec %s "$@"\n' "$2" >"$tmp"
+    chmod +x "$tmp"
+    mv -f "$tmp" "$bin/$1"
+}
+
+mkdir -p "$bin"
+sys_clang=$(command -v clang || true)
+sys_lld=$(command -v ld.lld || true)
+if [[ -n "$sys_clang" && -n "$sys_lld" && $(major_version "$sys_clang") -ge 21 && $(major_version "$sys_lld") -ge 21 ]]; then
+    write_wrapper clang "'$sys_clang'"
+    write_wrapper ld.lld "'$sys_lld'"
+    sys_ar=$(command -v llvm-ar || command -v ar)
+    write_wrapper llvm-ar "'$sys_ar'"
+else
+    venv="$dir/ziglang-$ZIGLANG_VERSION"
+    if ! compgen -G "$venv/lib/python3*/site-packages/ziglang/zig" >/dev/null; then
+        echo "toolchain.sh: installing ziglang==$ZIGLANG_VERSION from PyPI into $venv" >&2
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check "ziglang==$ZIGLANG_VERSION" >&2
+    fi
+    zigdir=$(dirname "$(compgen -G "$venv/lib/python3*/site-packages/ziglang/zig" | head -n1)")
+    write_wrapper clang "'$zigdir/zig' clang -resource-dir '$zigdir/lib'"
+    write_wrapper ld.lld "'$zigdir/zig' ld.lld"
+    write_wrapper llvm-ar "'$zigdir/zig' ar"
+fi
+
+for tool in clang ld.lld; do
+    v=$(major_version "$bin/$tool")
+    if [[ "$v" -lt 21 ]]; then
+        echo "toolchain.sh: $bin/$tool reports LLVM major version $v; DTLTO needs 21 or newer" >&2
+        exit 1
+    fi
+done
+echo "BIN=$bin"
+echo "CLANG=$bin/clang"
+echo "LLD=$bin/ld.lld"
+echo "AR=$bin/llvm-ar"
