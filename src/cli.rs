@@ -93,4 +93,72 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_STATS_JSON", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats_json: Option<PathBuf>,
+
+    /// REAPI server: grpc://HOST:PORT, grpcs://HOST:PORT (TLS) or unix:///PATH
+    #[arg(long, env = "DTLTO_REAPI_REMOTE", value_name = "URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+
+    /// REAPI instance name [default: none]
+    #[arg(long, env = "DTLTO_REAPI_INSTANCE_NAME", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_name: Option<String>,
+
+    /// Header sent with every call, e.g. x-buildbuddy-api-key=env:BUILDBUDDY_API_KEY; a VALUE of
+    /// env:VAR is read from the environment (repeatable)
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_HEADER", value_name = "NAME=VALUE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_header: Option<Vec<String>>,
+
+    /// PEM file of the CA certificates that sign the server's certificate [default: system roots]
+    #[arg(long, env = "DTLTO_REAPI_TLS_CA_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_cert: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --tls-client-key)
+    #[arg(long, env = "DTLTO_REAPI_TLS_CLIENT_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_cert: Option<PathBuf>,
+
+    /// PEM private key for mutual TLS (with --tls-client-cert)
+    #[arg(long, env = "DTLTO_REAPI_TLS_CLIENT_KEY", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_key: Option<PathBuf>,
+
+    /// Platform property of every action, e.g. OSFamily=linux (repeatable)
+    #[arg(long, env = "DTLTO_REAPI_PLATFORM", value_name = "NAME=VALUE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Vec<String>>,
+
+    /// The compiler's path on the workers [default: the local compiler's path, common.args[0]]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_COMPILER", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_compiler: Option<String>,
+
+    /// Remote actions in flight at once [default: 200]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_JOBS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_jobs: Option<usize>,
+
+    /// Deadline of each remote call, in seconds, retries included [default: 60]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_TIMEOUT", value_name = "SECONDS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_timeout: Option<u64>,
+
+    /// Retries of a remote call after a transient failure [default: 5]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_RETRIES", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_retries: Option<u32>,
+
+    /// Run a job locally when the cluster cannot run it [default: true]
+    #[arg(long, env = "DTLTO_REAPI_LOCAL_FALLBACK", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_fallback: Option<bool>,
+
+    /// Identifies the build this link belongs to in the cluster's UI (RequestMetadata's
+    /// correlated_invocations_id) [default: none]
+    #[arg(long, env = "DTLTO_REAPI_INVOCATION_ID", value_name = "ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
 }

@@ -39,12 +39,30 @@ pub struct Settings {
     pub quiet: bool,
     pub verbose: bool,
     pub stats_json: Option<PathBuf>,
+    pub remote: Option<String>,
+    pub instance_name: String,
+    pub remote_header: Vec<String>,
+    pub tls_ca_cert: Option<PathBuf>,
+    pub tls_client_cert: Option<PathBuf>,
+    pub tls_client_key: Option<PathBuf>,
+    pub platform: Vec<String>,
+    pub remote_compiler: Option<String>,
+    pub remote_jobs: usize,
+    pub remote_timeout: u64,
+    pub remote_retries: u32,
+    pub local_fallback: bool,
+    pub invocation_id: Option<String>,
 }
 
 impl Settings {
     fn with_defaults(layers: SettingsArgs) -> Settings {
+        let default_mode = if layers.remote.is_some() {
+            Mode::Remote
+        } else {
+            Mode::Local
+        };
         Settings {
-            mode: layers.mode.unwrap_or(Mode::Local),
+            mode: layers.mode.unwrap_or(default_mode),
             jobs: layers
                 .jobs
                 .filter(|&n| n > 0)
@@ -53,6 +71,19 @@ impl Settings {
             quiet: layers.quiet.unwrap_or(false),
             verbose: layers.verbose.unwrap_or(false),
             stats_json: layers.stats_json,
+            remote: layers.remote,
+            instance_name: layers.instance_name.unwrap_or_default(),
+            remote_header: layers.remote_header.unwrap_or_default(),
+            tls_ca_cert: layers.tls_ca_cert,
+            tls_client_cert: layers.tls_client_cert,
+            tls_client_key: layers.tls_client_key,
+            platform: layers.platform.unwrap_or_default(),
+            remote_compiler: layers.remote_compiler,
+            remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
+            remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
+            remote_retries: layers.remote_retries.unwrap_or(5),
+            local_fallback: layers.local_fallback.unwrap_or(true),
+            invocation_id: layers.invocation_id,
         }
     }
 }
@@ -191,12 +222,30 @@ impl ResolvedSettings {
         for (key, value) in as_map(&self.settings)? {
             let shown = match value {
                 Value::Null => "(unset)".to_owned(),
+                Value::Array(headers) if key == "remote-header" => {
+                    let hidden: Vec<String> = headers
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(redact_header)
+                        .collect();
+                    format!("{hidden:?}")
+                }
                 other => other.to_string(),
             };
             let source = self.sources.get(&key).unwrap_or(&Source::Default);
             out.push_str(&format!("{key} = {shown}  # {source}\n"));
         }
         Ok(out)
+    }
+}
+
+/// `NAME=VALUE` → `NAME=<hidden>`: header values are credentials. `env:VAR` references are shown,
+/// since they name a variable rather than hold the secret.
+fn redact_header(header: &str) -> String {
+    match header.split_once('=') {
+        Some((_, value)) if value.starts_with("env:") => header.to_owned(),
+        Some((name, _)) => format!("{name}=<hidden>"),
+        None => header.to_owned(),
     }
 }
 
@@ -257,6 +306,25 @@ mod tests {
             err.contains("c.toml") && err.contains("invalid type"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn remote_defaults_and_secrets() {
+        let r = resolve_with(
+            &[
+                "--remote=grpc://127.0.0.1:1",
+                "--remote-header=x-api-key=s3cret",
+            ],
+            "remote-header = [\"a=env:A\"]",
+        );
+        assert_eq!(r.settings.mode, Mode::Remote);
+        assert_eq!(r.settings.remote_header, ["x-api-key=s3cret"]);
+        let report = r.report().unwrap();
+        assert!(!report.contains("s3cret"), "{report}");
+        assert!(report.contains("x-api-key=<hidden>"), "{report}");
+        assert_eq!(redact_header("a=env:A"), "a=env:A");
+        let r = resolve_with(&[], "mode = \"cache-only\"\nremote = \"grpc://h:1\"");
+        assert_eq!(r.settings.mode, Mode::CacheOnly);
     }
 
     #[test]

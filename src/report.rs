@@ -14,6 +14,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use crate::jobs::Job;
+use crate::plan::layout::LayoutKind;
+use crate::reapi::TransferStats;
 
 /// Where a job's result came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -21,6 +23,10 @@ use crate::jobs::Job;
 pub enum Ran {
     /// A compile on this machine.
     Local,
+    /// An action executed by the cluster.
+    Remote,
+    /// A result found in the action cache: nothing ran.
+    ActionCache,
     /// Nothing ran: the job never started (an earlier failure, or an interrupt).
     NotStarted,
 }
@@ -49,6 +55,22 @@ pub struct JobRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub wall_ms: u64,
+    /// The layout of the job's remote action, when it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<LayoutKind>,
+    /// The cluster's account of the execution, when it ran remotely.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteTimes>,
+}
+
+/// Times reported by the cluster in ExecutedActionMetadata.
+#[derive(Debug, Clone, Serialize)]
+pub struct RemoteTimes {
+    pub worker: String,
+    pub queue_ms: Option<u64>,
+    pub input_fetch_ms: Option<u64>,
+    pub execute_ms: Option<u64>,
+    pub output_upload_ms: Option<u64>,
 }
 
 impl JobRecord {
@@ -62,6 +84,8 @@ impl JobRecord {
             exit_code: None,
             error: None,
             wall_ms: wall.as_millis() as u64,
+            layout: None,
+            remote: None,
         }
     }
 }
@@ -71,6 +95,8 @@ struct StatsFile<'a> {
     job_file: &'a Path,
     mode: &'a str,
     wall_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transfers: Option<TransferStats>,
     jobs: &'a [JobRecord],
 }
 
@@ -191,12 +217,13 @@ impl Reporter {
         }
         let wall = self.started.elapsed();
         let records = self.records();
-        self.line(&summary_line(&records, wall));
+        self.line(&summary_line(&records, transfers.as_ref(), wall));
         if let Some(path) = stats_json {
             let stats = StatsFile {
                 job_file,
                 mode,
                 wall_ms: wall.as_millis() as u64,
+                transfers,
                 jobs: &records,
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
@@ -207,12 +234,18 @@ impl Reporter {
     }
 }
 
-/// `dtlto-reapi: 12 jobs, 1 failed, 2 not started (9 local) in 3.41 s`
-fn summary_line(records: &[JobRecord], wall: Duration) -> String {
+/// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`
+fn summary_line(
+    records: &[JobRecord],
+    transfers: Option<&TransferStats>,
+    wall: Duration,
+) -> String {
     let count = |status: Status| records.iter().filter(|r| r.status == status).count();
-    let mut parts = vec![format!("{} jobs", records.len())];
-    let failed = count(Status::Failed);
-    parts.push(format!("{failed} failed"));
+    let ran = |ran: Ran| records.iter().filter(|r| r.ran == ran).count();
+    let mut parts = vec![
+        format!("{} jobs", records.len()),
+        format!("{} failed", count(Status::Failed)),
+    ];
     for (status, name) in [
         (Status::Cancelled, "cancelled"),
         (Status::NotStarted, "not started"),
@@ -222,12 +255,29 @@ fn summary_line(records: &[JobRecord], wall: Duration) -> String {
             parts.push(format!("{n} {name}"));
         }
     }
-    let local = records.iter().filter(|r| r.ran == Ran::Local).count();
+    let mut detail = Vec::new();
+    if transfers.is_some() {
+        detail.push(format!("{} cache hits", ran(Ran::ActionCache)));
+        detail.push(format!("{} remote", ran(Ran::Remote)));
+    }
+    detail.push(format!("{} local", ran(Ran::Local)));
+    let mut detail = detail.join(", ");
+    if let Some(t) = transfers {
+        detail.push_str(&format!(
+            "; {} up, {} down",
+            megabytes(t.bytes_uploaded),
+            megabytes(t.bytes_downloaded)
+        ));
+    }
     format!(
-        "dtlto-reapi: {} ({local} ran locally) in {:.2} s",
+        "dtlto-reapi: {} ({detail}) in {:.2} s",
         parts.join(", "),
         wall.as_secs_f64()
     )
+}
+
+fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
 #[cfg(test)]
@@ -248,8 +298,16 @@ mod tests {
             JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO),
         ];
         assert_eq!(
-            summary_line(&records, Duration::from_millis(1500)),
-            "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 ran locally) in 1.50 s"
+            summary_line(&records, None, Duration::from_millis(1500)),
+            "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 local) in 1.50 s"
+        );
+        let transfers = TransferStats {
+            bytes_uploaded: 1_500_000,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary_line(&records, Some(&transfers), Duration::from_millis(10)),
+            "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 1.5 MB up, 0.0 MB down) in 0.01 s"
         );
     }
 }

@@ -3,6 +3,7 @@
 //! stopping everything when the link is cancelled.
 
 pub mod local;
+pub mod remote;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

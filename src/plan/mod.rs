@@ -1,4 +1,8 @@
-//! Planning: how each job is presented to whatever runs it (names of its files, its arguments, and for
-//! remote execution its REAPI Action).
+//! Planning: how each job is presented to whatever runs it — the names of its files, its arguments,
+//! and for the remote modes its REAPI Action (layout → merkle input root → Command and Action).
 
+pub mod action;
 pub mod args;
+pub mod digests;
+pub mod layout;
+pub mod merkle;

@@ -1,0 +1,416 @@
+//! The remote executor: each job becomes a REAPI Action, looked up in the action cache, executed on
+//! the cluster when missing, and its outputs downloaded to where lld expects them.
+//!
+//! Per job: plan (layout, Action) → GetActionResult → on a miss, FindMissingBlobs and upload what is
+//! missing, Execute → download and verify the outputs into staged names → move them into place.
+//! A job the planner cannot express remotely, or whose remote run fails for infrastructure reasons,
+//! runs locally (with `--local-fallback`), with one warning per cause rather than per job.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    ActionResult, ExecutedActionMetadata,
+};
+use bazel_remote_apis::google::protobuf::Timestamp;
+use tokio::sync::Semaphore;
+
+use super::{RunContext, run_local_job};
+use crate::config::Settings;
+use crate::jobs::Job;
+use crate::output::StagedOutputs;
+use crate::plan::action::{self, ActionOptions, ActionSpec};
+use crate::plan::digests::FileDigests;
+use crate::plan::layout;
+use crate::reapi::{
+    self, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
+};
+use crate::report::{JobRecord, Ran, RemoteTimes, Status};
+
+/// Shared by every job of a remote run.
+pub struct RemoteExecutor {
+    client: Client,
+    digests: FileDigests,
+    options: ActionOptions,
+    cwd: PathBuf,
+    local_fallback: bool,
+    /// Local runs (fallbacks) at once, like `--jobs` in local mode.
+    local_slots: Semaphore,
+    /// Blobs this run has seen present in the CAS, so shared inputs are checked and sent once.
+    present: Mutex<HashSet<Digest>>,
+}
+
+/// Why a job did not finish remotely.
+enum RemoteFailure {
+    /// The compiler ran remotely and failed: the job fails, as it would locally.
+    Compile { exit_code: i32, stderr: Vec<u8> },
+    /// The cluster could not run it (unreachable, overloaded, corrupt data...).
+    Infrastructure(String),
+    /// Anything else (a misbehaving server, a local I/O error).
+    Other(String),
+}
+
+impl From<ReapiError> for RemoteFailure {
+    fn from(e: ReapiError) -> Self {
+        if e.is_infrastructure() {
+            RemoteFailure::Infrastructure(e.to_string())
+        } else {
+            RemoteFailure::Other(e.to_string())
+        }
+    }
+}
+
+/// Connection options from the settings.
+pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
+    let Some(endpoint) = &settings.remote else {
+        bail!(
+            "--mode={} needs --remote=URL",
+            serde_json::to_value(settings.mode)?.as_str().unwrap_or("?")
+        );
+    };
+    let mut options = ConnectionOptions::new(endpoint.clone());
+    options.instance_name = settings.instance_name.clone();
+    options.headers = settings
+        .remote_header
+        .iter()
+        .map(|h| parse_header_arg(h))
+        .collect::<Result<_, _>>()?;
+    options.tls.ca_cert = settings.tls_ca_cert.clone();
+    options.tls.client_cert = settings.tls_client_cert.clone();
+    options.tls.client_key = settings.tls_client_key.clone();
+    options.timeout = Duration::from_secs(settings.remote_timeout);
+    options.max_retries = settings.remote_retries;
+    options.correlated_invocations_id = settings.invocation_id.clone();
+    Ok(options)
+}
+
+/// `NAME=VALUE` platform properties.
+fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
+    settings
+        .platform
+        .iter()
+        .map(|p| match p.split_once('=') {
+            Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+            _ => bail!("--platform {p:?} is not of the form NAME=VALUE"),
+        })
+        .collect()
+}
+
+impl RemoteExecutor {
+    /// Connects (reading the server's capabilities) and hashes every input file of the link.
+    pub async fn new(ctx: &RunContext, settings: &Settings) -> Result<RemoteExecutor> {
+        let options = connection_options(settings)?;
+        let platform = platform_properties(settings)?;
+        let client = Client::connect(&options).await?;
+        let caps = client.capabilities();
+        if !caps.exec_enabled {
+            bail!(
+                "the REAPI server {} does not offer remote execution; use --mode=cache-only to share results \
+                 through its cache while compiling locally",
+                client.endpoint()
+            );
+        }
+        let job_file = ctx.job_file.clone();
+        let threads = settings.jobs;
+        let digests = tokio::task::spawn_blocking(move || {
+            let paths = job_file
+                .jobs
+                .iter()
+                .flat_map(|j| j.inputs.iter())
+                .chain(&job_file.common_inputs)
+                .map(PathBuf::as_path);
+            FileDigests::compute(paths, threads)
+        })
+        .await?
+        .map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
+        Ok(RemoteExecutor {
+            options: ActionOptions {
+                remote_compiler: settings.remote_compiler.clone(),
+                platform,
+                legacy_output_files: !client.capabilities().supports_output_paths(),
+            },
+            client,
+            digests,
+            cwd: std::env::current_dir().context("reading the working directory")?,
+            local_fallback: settings.local_fallback,
+            local_slots: Semaphore::new(settings.jobs.max(1)),
+            present: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The client, for the run's transfer statistics.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs one job remotely, or locally when it cannot run remotely.
+    pub async fn run_job(&self, ctx: &RunContext, job: Job) -> JobRecord {
+        let started = Instant::now();
+        let spec = layout::mirror(&ctx.job_file, &job, &self.cwd)
+            .map_err(|n| (n.cause, n.detail))
+            .and_then(|layout| {
+                action::build(&ctx.job_file, &job, layout, &self.digests, &self.options)
+                    .map_err(|e| ("planning", format!("cannot plan the action: {e}")))
+            });
+        let spec = match spec {
+            Ok(spec) => spec,
+            Err((cause, detail)) => {
+                ctx.reporter.warn_once(
+                    cause,
+                    &format!("{}: {detail}; such jobs run locally", job.label()),
+                );
+                return self.run_locally(ctx, job).await;
+            }
+        };
+        let call = CallContext {
+            action_id: spec.action_digest.hash.clone(),
+            target_id: job.module().to_string_lossy().into_owned(),
+        };
+        ctx.reporter.verbose(|| {
+            format!(
+                "{}: action {}",
+                job.label(),
+                reapi::digest::display(&spec.action_digest)
+            )
+        });
+
+        let outcome = tokio::select! {
+            outcome = self.run_remotely(&job, &spec, &call) => outcome,
+            () = ctx.cancel.cancelled() => {
+                return JobRecord::new(&job, Status::Cancelled, Ran::Remote, started.elapsed());
+            }
+        };
+        match outcome {
+            Ok((ran, result)) => {
+                ctx.reporter
+                    .diagnostics(&job, &self.stderr_of(&result, &call).await, false);
+                let mut record = JobRecord::new(&job, Status::Succeeded, ran, started.elapsed());
+                record.exit_code = Some(0);
+                record.layout = Some(spec.layout);
+                record.remote = result.execution_metadata.as_ref().map(remote_times);
+                record
+            }
+            Err(RemoteFailure::Compile { exit_code, stderr }) => {
+                ctx.reporter.diagnostics(&job, &stderr, true);
+                let reason = format!("the compiler exited with status {exit_code} on the cluster");
+                ctx.reporter.error(&format!("{}: {reason}", job.label()));
+                let mut record =
+                    JobRecord::new(&job, Status::Failed, Ran::Remote, started.elapsed());
+                record.exit_code = Some(exit_code);
+                record.error = Some(reason);
+                record.layout = Some(spec.layout);
+                record
+            }
+            Err(RemoteFailure::Infrastructure(reason)) if self.local_fallback => {
+                ctx.reporter.warn_once(
+                    "infrastructure",
+                    &format!("remote execution failed ({reason}); falling back to local compiles"),
+                );
+                self.run_locally(ctx, job).await
+            }
+            Err(RemoteFailure::Infrastructure(reason) | RemoteFailure::Other(reason)) => {
+                ctx.reporter.error(&format!("{}: {reason}", job.label()));
+                let mut record =
+                    JobRecord::new(&job, Status::Failed, Ran::Remote, started.elapsed());
+                record.error = Some(reason);
+                record.layout = Some(spec.layout);
+                record
+            }
+        }
+    }
+
+    async fn run_locally(&self, ctx: &RunContext, job: Job) -> JobRecord {
+        let Ok(_slot) = self.local_slots.acquire().await else {
+            return JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO);
+        };
+        run_local_job(ctx, job).await
+    }
+
+    /// Action cache first; on a miss upload and execute. Returns where the result came from.
+    async fn run_remotely(
+        &self,
+        job: &Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+    ) -> Result<(Ran, ActionResult), RemoteFailure> {
+        if let Some(result) = self
+            .client
+            .get_action_result(&spec.action_digest, call)
+            .await?
+            && result.exit_code == 0
+        {
+            // A cached result whose blobs have expired is as good as a miss.
+            if self.materialize(job, spec, &result, call).await.is_ok() {
+                return Ok((Ran::ActionCache, result));
+            }
+        }
+        self.upload_missing(spec, call).await?;
+        let response = match self.client.execute(&spec.action_digest, false, call).await {
+            Err(e) if e.missing_blobs().is_some() => {
+                // The CAS lost blobs since we checked: send them again, once.
+                if let Ok(mut present) = self.present.lock() {
+                    for blob in &spec.blobs {
+                        present.remove(&blob.digest);
+                    }
+                }
+                self.upload_missing(spec, call).await?;
+                self.client
+                    .execute(&spec.action_digest, false, call)
+                    .await?
+            }
+            other => other?,
+        };
+        let Some(result) = response.result else {
+            return Err(RemoteFailure::Other(
+                "the server's ExecuteResponse has no result".to_owned(),
+            ));
+        };
+        if result.exit_code != 0 {
+            let stderr = self.stderr_of(&result, call).await;
+            return Err(RemoteFailure::Compile {
+                exit_code: result.exit_code,
+                stderr,
+            });
+        }
+        self.materialize(job, spec, &result, call).await?;
+        let ran = if response.cached_result {
+            Ran::ActionCache
+        } else {
+            Ran::Remote
+        };
+        Ok((ran, result))
+    }
+
+    /// Uploads the action's blobs that the CAS lacks.
+    async fn upload_missing(
+        &self,
+        spec: &ActionSpec,
+        call: &CallContext,
+    ) -> Result<(), ReapiError> {
+        let unknown: Vec<Digest> = {
+            let present = self.present.lock().map(|p| p.clone()).unwrap_or_default();
+            let mut seen = HashSet::new();
+            spec.blobs
+                .iter()
+                .map(|b| &b.digest)
+                .filter(|d| !present.contains(*d) && seen.insert((*d).clone()))
+                .cloned()
+                .collect()
+        };
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let missing: HashSet<Digest> = self
+            .client
+            .find_missing(&unknown, call)
+            .await?
+            .into_iter()
+            .collect();
+        let mut sent = HashSet::new();
+        let to_upload = spec
+            .blobs
+            .iter()
+            .filter(|b| missing.contains(&b.digest) && sent.insert(b.digest.clone()))
+            .cloned()
+            .collect::<Vec<_>>();
+        if !to_upload.is_empty() {
+            self.client.upload(to_upload, call).await?;
+        }
+        if let Ok(mut present) = self.present.lock() {
+            present.extend(unknown);
+        }
+        Ok(())
+    }
+
+    /// Downloads every output of `result` into staged names, verifies them, and moves them into place.
+    /// Only the outputs the job file lists are ever written.
+    async fn materialize(
+        &self,
+        job: &Job,
+        spec: &ActionSpec,
+        result: &ActionResult,
+        call: &CallContext,
+    ) -> Result<(), RemoteFailure> {
+        let staged = StagedOutputs::new(job);
+        for file in &result.output_files {
+            let Some((_, local)) = spec.outputs.iter().find(|(name, _)| *name == file.path) else {
+                return Err(RemoteFailure::Other(format!(
+                    "the server returned an output this job does not have: {:?}",
+                    file.path
+                )));
+            };
+            let (Some(target), Some(digest)) = (staged.staged_path_of(local), &file.digest) else {
+                return Err(RemoteFailure::Other(format!(
+                    "output {:?} has no digest",
+                    file.path
+                )));
+            };
+            self.client.download_to_file(digest, target, call).await?;
+        }
+        for (name, local) in &spec.outputs {
+            if !result.output_files.iter().any(|f| f.path == *name) {
+                return Err(RemoteFailure::Other(format!(
+                    "the remote compile did not produce {}",
+                    local.display()
+                )));
+            }
+        }
+        staged
+            .commit()
+            .map_err(|e| RemoteFailure::Other(e.to_string()))
+    }
+
+    /// The compiler's stderr (and stdout) from an action result, inline or from the CAS.
+    async fn stderr_of(&self, result: &ActionResult, call: &CallContext) -> Vec<u8> {
+        let mut text = self
+            .stream(&result.stderr_raw, result.stderr_digest.as_ref(), call)
+            .await;
+        text.extend(
+            self.stream(&result.stdout_raw, result.stdout_digest.as_ref(), call)
+                .await,
+        );
+        text
+    }
+
+    async fn stream(&self, raw: &[u8], digest: Option<&Digest>, call: &CallContext) -> Vec<u8> {
+        if !raw.is_empty() {
+            return raw.to_vec();
+        }
+        match digest {
+            Some(d) if d.size_bytes > 0 => {
+                self.client.download(d, call).await.unwrap_or_else(|e| {
+                    format!("(cannot fetch the compiler's output: {e})\n").into_bytes()
+                })
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Queue, input fetch, execution and output upload times from the server's metadata.
+fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
+    let span = |from: &Option<Timestamp>, to: &Option<Timestamp>| -> Option<u64> {
+        let (from, to) = (from.as_ref()?, to.as_ref()?);
+        let ms = (to.seconds - from.seconds) * 1000 + i64::from(to.nanos - from.nanos) / 1_000_000;
+        u64::try_from(ms).ok()
+    };
+    RemoteTimes {
+        worker: meta.worker.clone(),
+        queue_ms: span(&meta.queued_timestamp, &meta.worker_start_timestamp),
+        input_fetch_ms: span(
+            &meta.input_fetch_start_timestamp,
+            &meta.input_fetch_completed_timestamp,
+        ),
+        execute_ms: span(
+            &meta.execution_start_timestamp,
+            &meta.execution_completed_timestamp,
+        ),
+        output_upload_ms: span(
+            &meta.output_upload_start_timestamp,
+            &meta.output_upload_completed_timestamp,
+        ),
+    }
+}

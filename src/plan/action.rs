@@ -1,0 +1,154 @@
+//! The REAPI Action of a job: its Command, its input root and the blobs to upload for it.
+//!
+//! Everything that goes into the Action digest is derived from the job's content and the user's
+//! remote settings: arguments with every file renamed by the layout, a fixed environment (never the
+//! user's), sorted platform properties, the input root's digest. So the same module with the same
+//! imports, flags and compiler gives the same digest on every link and every machine.
+
+use std::path::PathBuf;
+
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    Action, Command, Platform, command, platform,
+};
+
+use super::args::rewrite_args;
+use super::digests::FileDigests;
+use super::layout::{Layout, LayoutKind};
+use super::merkle::{TreeFile, build_tree};
+use crate::jobs::{Job, JobFile};
+use crate::reapi::digest::{self, Digest};
+use crate::reapi::{Blob, BlobSource};
+
+/// The environment of every remote compile: fixed, so that it never varies with the user's shell and
+/// never leaks it. clang needs nothing from it; `PATH` serves a compiler given by a relative name.
+const ENVIRONMENT: &[(&str, &str)] = &[("LC_ALL", "C"), ("PATH", "/usr/local/bin:/usr/bin:/bin")];
+
+/// Remote settings that shape every Action.
+#[derive(Debug, Clone, Default)]
+pub struct ActionOptions {
+    /// Replaces `common.args[0]` (the compiler's path on the workers).
+    pub remote_compiler: Option<String>,
+    /// Platform properties, set on both the Command and the Action.
+    pub platform: Vec<(String, String)>,
+    /// Use the pre-2.1 `output_files` field instead of `output_paths`.
+    pub legacy_output_files: bool,
+}
+
+/// A job ready for remote execution.
+#[derive(Debug)]
+pub struct ActionSpec {
+    pub action_digest: Digest,
+    /// Every blob the action needs in the CAS: Action, Command, Directories and input files.
+    pub blobs: Vec<Blob>,
+    /// `(path relative to the working directory, local path lld expects)` for every output.
+    pub outputs: Vec<(String, PathBuf)>,
+    pub layout: LayoutKind,
+}
+
+/// Builds the Action of `job` in `layout`.
+pub fn build(
+    job_file: &JobFile,
+    job: &Job,
+    layout: Layout,
+    digests: &FileDigests,
+    options: &ActionOptions,
+) -> Result<ActionSpec, String> {
+    let mut blobs = Vec::new();
+    let mut tree_entries = Vec::with_capacity(layout.inputs.len());
+    for (path, local) in &layout.inputs {
+        let info = digests
+            .get(local)
+            .ok_or_else(|| format!("{} was not hashed", local.display()))?;
+        tree_entries.push((
+            path.clone(),
+            TreeFile {
+                digest: info.digest.clone(),
+                executable: info.executable,
+            },
+        ));
+        blobs.push(Blob {
+            digest: info.digest.clone(),
+            source: BlobSource::File(local.clone()),
+        });
+    }
+    let tree = build_tree(tree_entries)?;
+
+    let rename = |arg: &str| layout.renames.get(arg).cloned();
+    let mut arguments = Vec::with_capacity(job_file.common_args.len() + job.args.len());
+    arguments.push(
+        options
+            .remote_compiler
+            .clone()
+            .unwrap_or_else(|| job_file.compiler().to_owned()),
+    );
+    arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
+    arguments.extend(rewrite_args(&job.args, rename));
+
+    let mut properties: Vec<platform::Property> = options
+        .platform
+        .iter()
+        .map(|(name, value)| platform::Property {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    properties.sort_by(|a, b| (&a.name, &a.value).cmp(&(&b.name, &b.value)));
+    let platform = (!properties.is_empty()).then_some(Platform { properties });
+
+    let output_names: Vec<String> = layout
+        .outputs
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
+    #[allow(deprecated)] // output_files is what servers below API 2.1 understand
+    let command = Command {
+        arguments,
+        environment_variables: ENVIRONMENT
+            .iter()
+            .map(|(name, value)| command::EnvironmentVariable {
+                name: (*name).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        output_files: if options.legacy_output_files {
+            output_names.clone()
+        } else {
+            Vec::new()
+        },
+        output_paths: if options.legacy_output_files {
+            Vec::new()
+        } else {
+            output_names
+        },
+        working_directory: layout.working_directory.clone(),
+        platform: platform.clone(),
+        ..Default::default()
+    };
+    let (command_digest, command_bytes) = digest::of_message(&command);
+    let action = Action {
+        command_digest: Some(command_digest.clone()),
+        input_root_digest: Some(tree.root_digest.clone()),
+        platform,
+        ..Default::default()
+    };
+    let (action_digest, action_bytes) = digest::of_message(&action);
+
+    blobs.extend(tree.directories.into_iter().map(|(digest, bytes)| Blob {
+        digest,
+        source: BlobSource::Bytes(bytes),
+    }));
+    blobs.push(Blob {
+        digest: command_digest,
+        source: BlobSource::Bytes(command_bytes),
+    });
+    blobs.push(Blob {
+        digest: action_digest.clone(),
+        source: BlobSource::Bytes(action_bytes),
+    });
+    Ok(ActionSpec {
+        action_digest,
+        blobs,
+        outputs: layout.outputs,
+        layout: layout.kind,
+    })
+}
