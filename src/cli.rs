@@ -161,4 +161,17 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_INVOCATION_ID", value_name = "ID")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invocation_id: Option<String>,
+
+    /// Input layout of remote actions: canonical (modules named by content, index shards rewritten)
+    /// or mirror (paths as the link named them) [default: canonical]
+    #[arg(long, env = "DTLTO_REAPI_LAYOUT", value_name = "LAYOUT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<crate::plan::layout::LayoutKind>,
+
+    /// In cache-only mode, upload the results of local compiles to the remote cache; false makes it
+    /// read-only (e.g. developer machines with read-only credentials) [default: true]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_UPLOAD", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_upload: Option<bool>,
 }

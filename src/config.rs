@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::cli::SettingsArgs;
+use crate::plan::layout::LayoutKind;
 
 /// Where the backend compiles run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -52,6 +53,8 @@ pub struct Settings {
     pub remote_retries: u32,
     pub local_fallback: bool,
     pub invocation_id: Option<String>,
+    pub layout: LayoutKind,
+    pub remote_upload: bool,
 }
 
 impl Settings {
@@ -84,6 +87,8 @@ impl Settings {
             remote_retries: layers.remote_retries.unwrap_or(5),
             local_fallback: layers.local_fallback.unwrap_or(true),
             invocation_id: layers.invocation_id,
+            layout: layers.layout.unwrap_or(LayoutKind::Canonical),
+            remote_upload: layers.remote_upload.unwrap_or(true),
         }
     }
 }

@@ -7,10 +7,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use futures::FutureExt;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Mode, Settings};
+use crate::executor::remote::RemoteExecutor;
 use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext};
 use crate::jobs::JobFile;
@@ -61,28 +63,36 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         }
     };
 
-    let succeeded = match settings.mode {
+    let (succeeded, transfers) = match settings.mode {
         Mode::Local => {
-            executor::run_all(&ctx, settings.jobs, |job| {
-                executor::run_local_job(&ctx, job)
+            let ok = executor::run_all(&ctx, settings.jobs, |job| {
+                executor::run_local_job(&ctx, job).map(|(record, _)| record)
             })
-            .await
+            .await;
+            (ok, None)
         }
-        Mode::Remote | Mode::CacheOnly => {
-            reporter.error("remote modes are not available in this build yet");
-            false
-        }
+        Mode::Remote | Mode::CacheOnly => match RemoteExecutor::new(&ctx, settings).await {
+            Ok(remote) => {
+                let ok = executor::run_all(&ctx, settings.remote_jobs, |job| {
+                    remote.run_job(&ctx, job)
+                })
+                .await;
+                (ok, Some(remote.client().stats()))
+            }
+            Err(e) => {
+                reporter.error(&format!("{e:#}"));
+                return ExitCode::FAILURE;
+            }
+        },
     };
     watcher.abort();
 
     let mode = serde_json::to_value(settings.mode)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned));
-    if let Err(e) = reporter.finish(
-        &job_file.path,
-        mode.as_deref().unwrap_or("?"),
-        settings.stats_json.as_deref(),
-    ) {
+    let stats_json = settings.stats_json.as_deref();
+    let mode = mode.as_deref().unwrap_or("?");
+    if let Err(e) = reporter.finish(&job_file.path, mode, transfers, stats_json) {
         reporter.error(&format!("cannot write --stats-json: {e}"));
         return ExitCode::FAILURE;
     }

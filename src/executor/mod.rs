@@ -71,8 +71,9 @@ fn biggest_first(jobs: &[Job]) -> Vec<Job> {
     sized.into_iter().map(|(_, job)| job.clone()).collect()
 }
 
-/// Runs one job locally and turns the outcome into its record, showing the compiler's output.
-pub async fn run_local_job(ctx: &RunContext, job: Job) -> JobRecord {
+/// Runs one job locally and turns the outcome into its record, showing the compiler's output (which
+/// is also returned, for cache-only mode to store).
+pub async fn run_local_job(ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
     let started = Instant::now();
     ctx.reporter.verbose(|| {
         format!(
@@ -88,7 +89,7 @@ pub async fn run_local_job(ctx: &RunContext, job: Job) -> JobRecord {
             ctx.reporter.diagnostics(&job, &output, false);
             let mut record = JobRecord::new(&job, Status::Succeeded, Ran::Local, wall);
             record.exit_code = Some(0);
-            record
+            (record, output)
         }
         local::LocalOutcome::Failed {
             exit_code,
@@ -105,8 +106,11 @@ pub async fn run_local_job(ctx: &RunContext, job: Job) -> JobRecord {
             let mut record = JobRecord::new(&job, Status::Failed, Ran::Local, wall);
             record.exit_code = exit_code;
             record.error = Some(reason);
-            record
+            (record, output)
         }
-        local::LocalOutcome::Cancelled => JobRecord::new(&job, Status::Cancelled, Ran::Local, wall),
+        local::LocalOutcome::Cancelled => (
+            JobRecord::new(&job, Status::Cancelled, Ran::Local, wall),
+            Vec::new(),
+        ),
     }
 }

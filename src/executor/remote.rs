@@ -19,12 +19,12 @@ use bazel_remote_apis::google::protobuf::Timestamp;
 use tokio::sync::Semaphore;
 
 use super::{RunContext, run_local_job};
-use crate::config::Settings;
+use crate::config::{Mode, Settings};
 use crate::jobs::Job;
 use crate::output::StagedOutputs;
 use crate::plan::action::{self, ActionOptions, ActionSpec};
 use crate::plan::digests::FileDigests;
-use crate::plan::layout;
+use crate::plan::layout::{self, LayoutKind};
 use crate::reapi::{
     self, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
 };
@@ -37,6 +37,11 @@ pub struct RemoteExecutor {
     options: ActionOptions,
     cwd: PathBuf,
     local_fallback: bool,
+    layout: LayoutKind,
+    /// Remote (execute on the cluster) or cache-only (compile locally, share through the cache).
+    mode: Mode,
+    /// Cache-only mode: store the results of local compiles in the remote cache.
+    upload_results: bool,
     /// Local runs (fallbacks) at once, like `--jobs` in local mode.
     local_slots: Semaphore,
     /// Blobs this run has seen present in the CAS, so shared inputs are checked and sent once.
@@ -106,13 +111,26 @@ impl RemoteExecutor {
         let platform = platform_properties(settings)?;
         let client = Client::connect(&options).await?;
         let caps = client.capabilities();
-        if !caps.exec_enabled {
+        let mode = settings.mode;
+        if mode == Mode::Remote && !caps.exec_enabled {
             bail!(
                 "the REAPI server {} does not offer remote execution; use --mode=cache-only to share results \
                  through its cache while compiling locally",
                 client.endpoint()
             );
         }
+        let upload_results = mode == Mode::CacheOnly && settings.remote_upload && {
+            if !caps.ac_update_enabled {
+                ctx.reporter.warn_once(
+                    "read-only-cache",
+                    &format!(
+                        "the REAPI server {} does not accept action-cache updates; using its cache read-only",
+                        client.endpoint()
+                    ),
+                );
+            }
+            caps.ac_update_enabled
+        };
         let job_file = ctx.job_file.clone();
         let threads = settings.jobs;
         let digests = tokio::task::spawn_blocking(move || {
@@ -136,6 +154,9 @@ impl RemoteExecutor {
             digests,
             cwd: std::env::current_dir().context("reading the working directory")?,
             local_fallback: settings.local_fallback,
+            layout: settings.layout,
+            mode,
+            upload_results,
             local_slots: Semaphore::new(settings.jobs.max(1)),
             present: Mutex::new(HashSet::new()),
         })
@@ -149,7 +170,8 @@ impl RemoteExecutor {
     /// Runs one job remotely, or locally when it cannot run remotely.
     pub async fn run_job(&self, ctx: &RunContext, job: Job) -> JobRecord {
         let started = Instant::now();
-        let spec = layout::mirror(&ctx.job_file, &job, &self.cwd)
+        let spec = self
+            .layout(ctx, &job)
             .map_err(|n| (n.cause, n.detail))
             .and_then(|layout| {
                 action::build(&ctx.job_file, &job, layout, &self.digests, &self.options)
@@ -209,7 +231,7 @@ impl RemoteExecutor {
                     "infrastructure",
                     &format!("remote execution failed ({reason}); falling back to local compiles"),
                 );
-                self.run_locally(ctx, job).await
+                self.run_locally(ctx, job).await.0
             }
             Err(RemoteFailure::Infrastructure(reason) | RemoteFailure::Other(reason)) => {
                 ctx.reporter.error(&format!("{}: {reason}", job.label()));
@@ -222,11 +244,102 @@ impl RemoteExecutor {
         }
     }
 
-    async fn run_locally(&self, ctx: &RunContext, job: Job) -> JobRecord {
+    /// The job's layout: canonical when asked for and possible, else mirror.
+    fn layout(&self, ctx: &RunContext, job: &Job) -> Result<layout::Layout, layout::NotRemotable> {
+        if self.layout == LayoutKind::Canonical {
+            match layout::canonical(&ctx.job_file, job, &self.digests) {
+                Ok(layout) => return Ok(layout),
+                Err(e) => ctx.reporter.warn_once(
+                    e.cause,
+                    &format!("{}: {}; such jobs use the mirror layout", job.label(), e.detail),
+                ),
+            }
+        }
+        layout::mirror(&ctx.job_file, job, &self.cwd)
+    }
+
+    async fn run_locally(&self, ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
         let Ok(_slot) = self.local_slots.acquire().await else {
-            return JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO);
+            return (JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO), Vec::new());
         };
         run_local_job(ctx, job).await
+    }
+
+    /// Cache-only mode: an action-cache hit is downloaded; a miss compiles locally and, unless the
+    /// cache is read-only, stores the result so the next link anywhere hits.
+    async fn run_cache_only(
+        &self,
+        ctx: &RunContext,
+        job: Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+        started: Instant,
+    ) -> JobRecord {
+        match self.client.get_action_result(&spec.action_digest, call).await {
+            Ok(Some(result)) if result.exit_code == 0 => {
+                if self.materialize(&job, spec, &result, call).await.is_ok() {
+                    ctx.reporter.diagnostics(&job, &self.stderr_of(&result, call).await, false);
+                    let mut record = JobRecord::new(&job, Status::Succeeded, Ran::ActionCache, started.elapsed());
+                    record.exit_code = Some(0);
+                    record.layout = Some(spec.layout);
+                    return record;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => ctx.reporter.warn_once("cache-lookup", &format!("action-cache lookups fail ({e}); compiling locally")),
+        }
+        let (mut record, output) = self.run_locally(ctx, job.clone()).await;
+        record.layout = Some(spec.layout);
+        if record.status == Status::Succeeded && self.upload_results {
+            if let Err(e) = self.store_result(spec, output, call).await {
+                ctx.reporter.warn_once("cache-upload", &format!("cannot store results in the remote cache ({e})"));
+            }
+        }
+        record
+    }
+
+    /// Uploads a successful local compile's outputs and compiler output, then its ActionResult.
+    async fn store_result(&self, spec: &ActionSpec, output: Vec<u8>, call: &CallContext) -> Result<(), ReapiError> {
+        let mut blobs = Vec::new();
+        let mut output_files = Vec::new();
+        for (name, local) in &spec.outputs {
+            let digest = reapi::digest::of_file(local).map_err(|source| ReapiError::Io {
+                path: local.clone(),
+                source,
+            })?;
+            output_files.push(OutputFile {
+                path: name.clone(),
+                digest: Some(digest.clone()),
+                ..Default::default()
+            });
+            blobs.push(Blob {
+                digest,
+                source: BlobSource::File(local.clone()),
+            });
+        }
+        let stderr_digest = reapi::digest::of_bytes(&output);
+        blobs.push(Blob {
+            digest: stderr_digest.clone(),
+            source: BlobSource::Bytes(output),
+        });
+        let digests: Vec<Digest> = blobs.iter().map(|b| b.digest.clone()).collect();
+        let missing: HashSet<Digest> = self.client.find_missing(&digests, call).await?.into_iter().collect();
+        let mut sent = HashSet::new();
+        blobs.retain(|b| missing.contains(&b.digest) && sent.insert(b.digest.clone()));
+        if !blobs.is_empty() {
+            self.client.upload(blobs, call).await?;
+        }
+        let result = ActionResult {
+            output_files,
+            exit_code: 0,
+            stderr_digest: Some(stderr_digest),
+            execution_metadata: Some(ExecutedActionMetadata {
+                worker: format!("dtlto-reapi local compile ({})", hostname()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.client.update_action_result(&spec.action_digest, result, call).await
     }
 
     /// Action cache first; on a miss upload and execute. Returns where the result came from.
@@ -388,6 +501,11 @@ impl RemoteExecutor {
             _ => Vec::new(),
         }
     }
+}
+
+/// This machine's name, for the worker field of results it stores.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown host".to_owned(), |h| h.trim().to_owned())
 }
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.

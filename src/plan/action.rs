@@ -71,6 +71,20 @@ pub fn build(
             source: BlobSource::File(local.clone()),
         });
     }
+    for (path, bytes) in &layout.generated {
+        let digest = digest::of_bytes(bytes);
+        tree_entries.push((
+            path.clone(),
+            TreeFile {
+                digest: digest.clone(),
+                executable: false,
+            },
+        ));
+        blobs.push(Blob {
+            digest,
+            source: BlobSource::Bytes(bytes.clone()),
+        });
+    }
     let tree = build_tree(tree_entries)?;
 
     let rename = |arg: &str| layout.renames.get(arg).cloned();

@@ -2,7 +2,8 @@
 //!
 //! Jobs share most of their inputs (every module that others import from appears in many jobs), so
 //! hashing per job would hash the popular modules hundreds of times. All input files of the link are
-//! hashed up front by a few threads; the planner then only looks digests up.
+//! hashed up front by a few threads; the planner then only looks digests up. The same pass reads each
+//! module's own hash (MODULE_CODE_HASH), which the canonical layout matches index-shard entries by.
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -17,7 +18,13 @@ use crate::reapi::digest::{self, Digest};
 pub struct FileInfo {
     pub digest: Digest,
     pub executable: bool,
+    /// The LLVM module hash, when the file is bitcode that records one.
+    pub module_hash: Option<[u32; 5]>,
 }
+
+/// Files up to this size are read whole, once, for both digests; larger ones are hashed streaming
+/// and get no module hash (their shard entries are then matched by path).
+const READ_WHOLE_LIMIT: u64 = 64 << 20;
 
 /// Digests of every input file of a link, keyed by the path as the job file names it.
 #[derive(Debug, Default)]
@@ -76,11 +83,22 @@ impl FileDigests {
 }
 
 fn hash_file(path: &Path) -> Result<FileInfo, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let digest = digest::of_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let error = |e: std::io::Error| format!("{}: {e}", path.display());
+    let meta = std::fs::metadata(path).map_err(error)?;
+    let executable = meta.permissions().mode() & 0o111 != 0;
+    if meta.len() > READ_WHOLE_LIMIT {
+        let digest = digest::of_file(path).map_err(error)?;
+        return Ok(FileInfo {
+            digest,
+            executable,
+            module_hash: None,
+        });
+    }
+    let bytes = std::fs::read(path).map_err(error)?;
     Ok(FileInfo {
-        digest,
-        executable: meta.permissions().mode() & 0o111 != 0,
+        digest: digest::of_bytes(&bytes),
+        executable,
+        module_hash: crate::bitcode::module_hash(&bytes).ok().flatten(),
     })
 }
 

@@ -1,5 +1,12 @@
 //! Where a job's files go inside its action's input root, and what its arguments call them.
 //!
+//! The *canonical* layout (the default) names every module after its content and rewrites the module
+//! paths recorded in the index shard to match, so an action depends on content only: not on the
+//! working directory, the checkout location, the linker's PID in archive-member names, or whether a
+//! path was absolute. Shard entries are matched to input files by module hash, which also survives
+//! LLVM 22.1.8's corruption of non-ASCII module paths inside shards. When a shard cannot be read or
+//! fully matched, the job falls back to the mirror layout.
+//!
 //! The *mirror* layout keeps every module at its path relative to the link's working directory,
 //! because the index shard records imported modules by exactly those paths and clang opens them
 //! relative to its working directory. The input root is the deepest directory that holds the working
@@ -11,6 +18,8 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
+use super::digests::FileDigests;
+use crate::bitcode;
 use crate::jobs::{Job, JobFile};
 
 /// The directory, inside the working directory, that holds the files given fixed names.
@@ -22,6 +31,7 @@ pub const RESERVED_DIR: &str = ".dtlto-reapi";
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum LayoutKind {
+    Canonical,
     Mirror,
 }
 
@@ -31,8 +41,10 @@ pub struct Layout {
     pub kind: LayoutKind,
     /// The working directory's path inside the input root (`""` for the root itself).
     pub working_directory: String,
-    /// `(path inside the input root, local file)` for every input.
+    /// `(path inside the input root, local file)` for every input taken as it is.
     pub inputs: Vec<(String, PathBuf)>,
+    /// `(path inside the input root, content)` for inputs the layout produced (a rewritten shard).
+    pub generated: Vec<(String, Vec<u8>)>,
     /// Argument renames: a path as the job file writes it → the path relative to the action's working
     /// directory.
     pub renames: HashMap<String, String>,
@@ -52,9 +64,7 @@ pub struct NotRemotable {
 pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRemotable> {
     // Modules are recorded in the index shard by the paths the link used; absolute ones would have
     // to exist at the same absolute place on the worker.
-    let modules: Vec<&Path> = std::iter::once(job.module())
-        .chain(job.imports().iter().map(PathBuf::as_path))
-        .collect();
+    let modules: Vec<&Path> = std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path)).collect();
     if let Some(absolute) = modules.iter().find(|p| p.is_absolute()) {
         return Err(NotRemotable {
             cause: "absolute-module-path",
@@ -65,17 +75,9 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
             ),
         });
     }
-    let relative_common: Vec<&Path> = job_file
-        .common_inputs
-        .iter()
-        .map(PathBuf::as_path)
-        .filter(|p| p.is_relative())
-        .collect();
-    let mirrored: Vec<(&Path, PathBuf)> = modules
-        .iter()
-        .chain(&relative_common)
-        .map(|p| (*p, normalize(&cwd.join(p))))
-        .collect();
+    let relative_common: Vec<&Path> = job_file.common_inputs.iter().map(PathBuf::as_path).filter(|p| p.is_relative()).collect();
+    let mirrored: Vec<(&Path, PathBuf)> =
+        modules.iter().chain(&relative_common).map(|p| (*p, normalize(&cwd.join(p)))).collect();
 
     let mut root = cwd.to_path_buf();
     for (_, absolute) in &mirrored {
@@ -88,63 +90,139 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
     }
     let relative_to_root = |path: &Path| -> String {
         let rel = path.strip_prefix(&root).unwrap_or(path);
-        rel.components()
-            .map(|c| c.as_os_str().to_string_lossy())
-            .collect::<Vec<_>>()
-            .join("/")
+        rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
     };
-    let working_directory = relative_to_root(cwd);
-    let in_wd = |name: &str| -> String {
-        if working_directory.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{working_directory}/{name}")
-        }
+    let mut layout = Layout::new(LayoutKind::Mirror, relative_to_root(cwd));
+    for (path, absolute) in &mirrored {
+        layout.inputs.push((relative_to_root(absolute), path.to_path_buf()));
+    }
+    let shard = layout.in_working_directory(SHARD_NAME);
+    layout.inputs.push((shard, job.index_shard().to_owned()));
+    layout.rename(job.index_shard(), SHARD_NAME.to_owned());
+    let absolute_common = job_file.common_inputs.iter().enumerate().filter(|(_, p)| p.is_absolute());
+    layout.add_common_inputs(absolute_common);
+    layout.add_outputs(job);
+    Ok(layout)
+}
+
+/// The canonical layout of `job`: modules named by content at the root of the input root, the index
+/// shard rewritten to those names, fixed names for everything else.
+pub fn canonical(job_file: &JobFile, job: &Job, digests: &FileDigests) -> Result<Layout, NotRemotable> {
+    let unreadable = |what: String| NotRemotable {
+        cause: "canonical-shard-unreadable",
+        detail: format!("cannot read the index shard {}: {what}", job.index_shard().display()),
     };
+    let shard = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
+    let entries = bitcode::shard_modules(&shard).map_err(|e| unreadable(e.to_string()))?;
 
-    let mut inputs: Vec<(String, PathBuf)> = mirrored
-        .iter()
-        .map(|(p, abs)| (relative_to_root(abs), p.to_path_buf()))
-        .collect();
-    let mut renames = HashMap::new();
-
-    let shard = format!("{RESERVED_DIR}/index.thinlto.bc");
-    inputs.push((in_wd(&shard), job.index_shard().to_owned()));
-    renames.insert(job.index_shard().to_string_lossy().into_owned(), shard);
-
-    for (i, common) in job_file
-        .common_inputs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.is_absolute())
-    {
-        let name = common
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let relocated = format!("{RESERVED_DIR}/common-{i}/{name}");
-        inputs.push((in_wd(&relocated), common.clone()));
-        renames.insert(common.to_string_lossy().into_owned(), relocated);
+    // The job's modules, each to be claimed by exactly one shard entry.
+    let modules: Vec<&Path> = std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path)).collect();
+    let mut claimed = vec![false; modules.len()];
+    let mut matched: Vec<usize> = Vec::with_capacity(entries.len());
+    for entry in &entries {
+        let by_hash = |i: usize| entry.hash.is_some() && digests.get(modules[i]).and_then(|f| f.module_hash) == entry.hash;
+        let by_path = |i: usize| modules[i].as_os_str().as_encoded_bytes() == entry.path.as_slice();
+        let found = (0..modules.len())
+            .find(|&i| !claimed[i] && by_hash(i))
+            .or_else(|| (0..modules.len()).find(|&i| !claimed[i] && by_path(i)));
+        let Some(i) = found else {
+            return Err(NotRemotable {
+                cause: "canonical-unmatched-module",
+                detail: format!(
+                    "module {:?} recorded in the index shard {} matches none of the job's input files",
+                    String::from_utf8_lossy(&entry.path),
+                    job.index_shard().display()
+                ),
+            });
+        };
+        claimed[i] = true;
+        matched.push(i);
+    }
+    if !claimed[0] {
+        return Err(NotRemotable {
+            cause: "canonical-unmatched-module",
+            detail: format!("the index shard {} does not record the job's own module", job.index_shard().display()),
+        });
     }
 
-    let outputs = job
-        .outputs
-        .iter()
-        .enumerate()
-        .map(|(k, local)| {
-            let name = format!("{RESERVED_DIR}/out-{k}");
-            renames.insert(local.to_string_lossy().into_owned(), name.clone());
-            (name, local.clone())
-        })
-        .collect();
-
-    Ok(Layout {
-        kind: LayoutKind::Mirror,
-        working_directory,
-        inputs,
-        renames,
-        outputs,
+    // Content-derived names; identical files at different paths get a deterministic suffix, in the
+    // shard's order, so the summary keeps them apart.
+    let mut names = vec![String::new(); modules.len()];
+    let mut used: HashMap<String, usize> = HashMap::new();
+    let order = matched.iter().copied().chain((0..modules.len()).filter(|i| !claimed[*i]));
+    for i in order {
+        let hash = digests.get(modules[i]).map(|f| f.digest.hash.clone()).ok_or_else(|| NotRemotable {
+            cause: "planning",
+            detail: format!("{} was not hashed", modules[i].display()),
+        })?;
+        let seen = used.entry(hash.clone()).or_insert(0);
+        names[i] = if *seen == 0 { format!("{hash}.o") } else { format!("{hash}-{seen}.o") };
+        *seen += 1;
+    }
+    let mut next = matched.iter();
+    let rewritten = bitcode::rewrite_shard_paths(&shard, |_| {
+        next.next().map(|&i| names[i].clone().into_bytes()).unwrap_or_default()
     })
+    .map_err(|e| unreadable(e.to_string()))?;
+
+    let mut layout = Layout::new(LayoutKind::Canonical, String::new());
+    for (i, module) in modules.iter().enumerate() {
+        layout.inputs.push((names[i].clone(), module.to_path_buf()));
+    }
+    layout.rename(job.module(), names[0].clone());
+    layout.generated.push((SHARD_NAME.to_owned(), rewritten));
+    layout.rename(job.index_shard(), SHARD_NAME.to_owned());
+    layout.add_common_inputs(job_file.common_inputs.iter().enumerate());
+    layout.add_outputs(job);
+    Ok(layout)
+}
+
+/// The fixed name of the index shard, relative to the working directory.
+const SHARD_NAME: &str = ".dtlto-reapi/index.thinlto.bc";
+
+impl Layout {
+    fn new(kind: LayoutKind, working_directory: String) -> Layout {
+        Layout {
+            kind,
+            working_directory,
+            inputs: Vec::new(),
+            generated: Vec::new(),
+            renames: HashMap::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    /// `name` (relative to the working directory) as a path inside the input root.
+    fn in_working_directory(&self, name: &str) -> String {
+        if self.working_directory.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}/{name}", self.working_directory)
+        }
+    }
+
+    fn rename(&mut self, local: &Path, name: String) {
+        self.renames.insert(local.to_string_lossy().into_owned(), name);
+    }
+
+    /// Common inputs (numbered by their place in `common.inputs`) under fixed names.
+    fn add_common_inputs<'a>(&mut self, common: impl Iterator<Item = (usize, &'a PathBuf)>) {
+        for (i, path) in common {
+            let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = format!("{RESERVED_DIR}/common-{i}/{file_name}");
+            self.inputs.push((self.in_working_directory(&name), path.clone()));
+            self.rename(path, name);
+        }
+    }
+
+    /// Outputs under fixed names, so the PID in lld's names stays out of the action.
+    fn add_outputs(&mut self, job: &Job) {
+        for (k, local) in job.outputs.iter().enumerate() {
+            let name = format!("{RESERVED_DIR}/out-{k}");
+            self.rename(local, name.clone());
+            self.outputs.push((name, local.clone()));
+        }
+    }
 }
 
 /// Resolves `.` and `..` lexically (the job file's paths are lexical; the worker sees no symlinks).
