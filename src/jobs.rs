@@ -461,4 +461,49 @@ mod tests {
         assert!(err.problems[0].starts_with(&format!("job 0 ({}): `inputs[1]`", module.display())));
         assert!(err.problems[0].ends_with("gone.bc does not exist"));
     }
+
+    /// Arbitrary JSON, biased towards the job file's own keys so that the fuzzing reaches deep.
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let key = prop_oneof![
+            Just("common".to_owned()),
+            Just("jobs".to_owned()),
+            Just("args".to_owned()),
+            Just("inputs".to_owned()),
+            Just("outputs".to_owned()),
+            Just("linker_output".to_owned()),
+            ".{0,4}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            ".{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::from),
+                proptest::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Any input gives a job file or a clean list of problems: never a panic.
+        #[test]
+        fn arbitrary_json_never_panics(value in json_value()) {
+            match parse(value) {
+                Ok(file) => proptest::prop_assert!(file.jobs.iter().all(|j| j.inputs.len() >= 2 && !j.outputs.is_empty())),
+                Err(e) => proptest::prop_assert!(!e.problems.is_empty()),
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+                let _ = parse(value);
+            }
+        }
+    }
 }

@@ -55,6 +55,9 @@ pub struct JobRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub wall_ms: u64,
+    /// The digest (`hash/size`) of the job's REAPI Action, in the remote modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
     /// The layout of the job's remote action, when it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layout: Option<LayoutKind>,
@@ -84,6 +87,7 @@ impl JobRecord {
             exit_code: None,
             error: None,
             wall_ms: wall.as_millis() as u64,
+            action: None,
             layout: None,
             remote: None,
         }

@@ -49,6 +49,9 @@ pub async fn run_job(job_file: &JobFile, job: &Job, cancel: &CancellationToken) 
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so that terminating it reaches whatever it started too (a wrapper
+        // script's compiler, clang's own subprocesses).
+        .process_group(0)
         .kill_on_drop(true);
     let child = match command.spawn() {
         Ok(child) => child,

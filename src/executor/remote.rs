@@ -184,7 +184,7 @@ impl RemoteExecutor {
                     cause,
                     &format!("{}: {detail}; such jobs run locally", job.label()),
                 );
-                return self.run_locally(ctx, job).await;
+                return self.run_locally(ctx, job).await.0;
             }
         };
         let call = CallContext {
@@ -198,9 +198,27 @@ impl RemoteExecutor {
                 reapi::digest::display(&spec.action_digest)
             )
         });
+        let mut record = match self.mode {
+            Mode::CacheOnly => self.run_cache_only(ctx, job, &spec, &call, started).await,
+            _ => self.run_remote(ctx, job, &spec, &call, started).await,
+        };
+        record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
+        record.layout = Some(spec.layout);
+        record
+    }
 
+    /// Remote mode: the action cache, else execution on the cluster, else (for infrastructure
+    /// failures, with `--local-fallback`) a local compile.
+    async fn run_remote(
+        &self,
+        ctx: &RunContext,
+        job: Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+        started: Instant,
+    ) -> JobRecord {
         let outcome = tokio::select! {
-            outcome = self.run_remotely(&job, &spec, &call) => outcome,
+            outcome = self.run_remotely(&job, spec, call) => outcome,
             () = ctx.cancel.cancelled() => {
                 return JobRecord::new(&job, Status::Cancelled, Ran::Remote, started.elapsed());
             }
@@ -208,10 +226,9 @@ impl RemoteExecutor {
         match outcome {
             Ok((ran, result)) => {
                 ctx.reporter
-                    .diagnostics(&job, &self.stderr_of(&result, &call).await, false);
+                    .diagnostics(&job, &self.stderr_of(&result, call).await, false);
                 let mut record = JobRecord::new(&job, Status::Succeeded, ran, started.elapsed());
                 record.exit_code = Some(0);
-                record.layout = Some(spec.layout);
                 record.remote = result.execution_metadata.as_ref().map(remote_times);
                 record
             }
@@ -223,7 +240,6 @@ impl RemoteExecutor {
                     JobRecord::new(&job, Status::Failed, Ran::Remote, started.elapsed());
                 record.exit_code = Some(exit_code);
                 record.error = Some(reason);
-                record.layout = Some(spec.layout);
                 record
             }
             Err(RemoteFailure::Infrastructure(reason)) if self.local_fallback => {
@@ -238,7 +254,6 @@ impl RemoteExecutor {
                 let mut record =
                     JobRecord::new(&job, Status::Failed, Ran::Remote, started.elapsed());
                 record.error = Some(reason);
-                record.layout = Some(spec.layout);
                 record
             }
         }
@@ -281,15 +296,13 @@ impl RemoteExecutor {
                     ctx.reporter.diagnostics(&job, &self.stderr_of(&result, call).await, false);
                     let mut record = JobRecord::new(&job, Status::Succeeded, Ran::ActionCache, started.elapsed());
                     record.exit_code = Some(0);
-                    record.layout = Some(spec.layout);
                     return record;
                 }
             }
             Ok(_) => {}
             Err(e) => ctx.reporter.warn_once("cache-lookup", &format!("action-cache lookups fail ({e}); compiling locally")),
         }
-        let (mut record, output) = self.run_locally(ctx, job.clone()).await;
-        record.layout = Some(spec.layout);
+        let (record, output) = self.run_locally(ctx, job).await;
         if record.status == Status::Succeeded && self.upload_results {
             if let Err(e) = self.store_result(spec, output, call).await {
                 ctx.reporter.warn_once("cache-upload", &format!("cannot store results in the remote cache ({e})"));

@@ -213,6 +213,7 @@ impl Project {
             output: PathBuf::from(output),
             distributor_args: Vec::new(),
             linker_args: Vec::new(),
+            inputs: None,
         }
     }
 }
@@ -223,9 +224,17 @@ pub struct Link<'p> {
     output: PathBuf,
     distributor_args: Vec<OsString>,
     linker_args: Vec<OsString>,
+    /// Replaces the project's inputs (e.g. the same objects named by absolute paths).
+    inputs: Option<Vec<PathBuf>>,
 }
 
 impl Link<'_> {
+    /// Links `inputs` instead of the project's own inputs.
+    pub fn inputs(mut self, inputs: Vec<PathBuf>) -> Self {
+        self.inputs = Some(inputs);
+        self
+    }
+
     /// An argument for the distributor, passed as `-Xthinlto-distributor=ARG` (clang splits it on
     /// commas, as it would for a user).
     pub fn distributor_arg(mut self, arg: impl AsRef<OsStr>) -> Self {
@@ -266,7 +275,7 @@ impl Link<'_> {
         cmd.current_dir(dir)
             .args([TARGET, "-O2", "-flto=thin"])
             .arg(ld_flag)
-            .args(&self.project.inputs)
+            .args(self.inputs.as_deref().unwrap_or(&self.project.inputs))
             .arg("-o")
             .arg(&self.output)
             .arg(dist_flag)

@@ -1,0 +1,97 @@
+//! Interrupting a link: SIGTERM/SIGINT must terminate the running compiles, leave no output (not
+//! even a partial one) and exit promptly with a non-zero status; a failure must stop new jobs.
+//!
+//! The "compiler" here is a shell script that writes part of its output and then hangs, so the test
+//! controls exactly what is on disk when the signal arrives.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+/// Writes a job file of `jobs` jobs whose compiler (a script) writes half an object and sleeps.
+fn hanging_link(dir: &Path, jobs: usize) -> std::path::PathBuf {
+    let compiler = dir.join("slow compiler.sh");
+    // `-o` is followed by the (staged) output path: write part of it, then hang like a long compile
+    // in a child process. Each records its process group (its own pid) in `groups`.
+    std::fs::write(
+        &compiler,
+        "#!/bin/sh\necho $$ >> groups\nwhile [ \"$1\" != -o ]; do shift; done\nprintf half > \"$2\"\nsleep 30\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&compiler, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut list = Vec::new();
+    for i in 0..jobs {
+        for name in [format!("m{i}.o"), format!("m{i}.bc")] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        list.push(json!({"args": [format!("m{i}.o"), "-o", format!("m{i}.native.o")],
+                         "inputs": [format!("m{i}.o"), format!("m{i}.bc")],
+                         "outputs": [format!("m{i}.native.o")]}));
+    }
+    let file = dir.join("app.1.dist-file.json");
+    let job_file = json!({"common": {"linker_output": "app", "args": [compiler], "inputs": []}, "jobs": list});
+    std::fs::write(&file, job_file.to_string()).unwrap();
+    file
+}
+
+fn interrupt_with(signal: i32, expected_status: i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = hanging_link(dir.path(), 3);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
+        .arg("--jobs=2")
+        .arg(&job_file)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until both running compiles have written their partial outputs.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let partial = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+            .count()
+    };
+    while partial() < 2 {
+        assert!(Instant::now() < deadline, "the compiles never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let status = child.wait().unwrap();
+    let took = sent.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(took < Duration::from_secs(2), "took {took:?} to exit");
+    assert_eq!(status.code(), Some(expected_status), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("native"))
+        .collect();
+    left.sort();
+    assert!(left.is_empty(), "outputs left behind: {left:?}");
+    // No compile, nor anything it started, outlives the distributor.
+    let groups = std::fs::read_to_string(dir.path().join("groups")).unwrap();
+    for group in groups.split_whitespace() {
+        let group: i32 = group.parse().unwrap();
+        // SAFETY: signal 0 only checks whether any process of the group exists.
+        let alive = unsafe { libc::kill(-group, 0) } == 0;
+        assert!(!alive, "processes of compile group {group} still run");
+    }
+}
+
+#[test]
+fn sigterm_kills_the_compiles_and_leaves_no_output() {
+    interrupt_with(libc::SIGTERM, 128 + libc::SIGTERM);
+}
+
+#[test]
+fn sigint_kills_the_compiles_and_leaves_no_output() {
+    interrupt_with(libc::SIGINT, 128 + libc::SIGINT);
+}
