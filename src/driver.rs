@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Mode, Settings};
 use crate::executor::remote::RemoteExecutor;
-use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext};
 use crate::jobs::JobFile;
 use crate::report::Reporter;

@@ -210,10 +210,12 @@ impl Reporter {
     }
 
     /// Ends the run: clears the progress bar, prints the summary line and writes `--stats-json`.
+    /// `transfers` are the remote client's counters, in the remote modes.
     pub fn finish(
         &self,
         job_file: &Path,
         mode: &str,
+        transfers: Option<TransferStats>,
         stats_json: Option<&Path>,
     ) -> std::io::Result<()> {
         if let Some(bar) = &self.progress {

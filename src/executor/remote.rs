@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    ActionResult, ExecutedActionMetadata,
+    ActionResult, ExecutedActionMetadata, OutputFile,
 };
 use bazel_remote_apis::google::protobuf::Timestamp;
 use tokio::sync::Semaphore;
@@ -26,7 +26,7 @@ use crate::plan::action::{self, ActionOptions, ActionSpec};
 use crate::plan::digests::FileDigests;
 use crate::plan::layout::{self, LayoutKind};
 use crate::reapi::{
-    self, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
+    self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
 
@@ -290,7 +290,7 @@ impl RemoteExecutor {
         call: &CallContext,
         started: Instant,
     ) -> JobRecord {
-        match self.client.get_action_result(&spec.action_digest, call).await {
+        match self.client.get_action_result(&spec.action_digest, true, call).await {
             Ok(Some(result)) if result.exit_code == 0 => {
                 if self.materialize(&job, spec, &result, call).await.is_ok() {
                     ctx.reporter.diagnostics(&job, &self.stderr_of(&result, call).await, false);
@@ -312,7 +312,12 @@ impl RemoteExecutor {
     }
 
     /// Uploads a successful local compile's outputs and compiler output, then its ActionResult.
-    async fn store_result(&self, spec: &ActionSpec, output: Vec<u8>, call: &CallContext) -> Result<(), ReapiError> {
+    async fn store_result(
+        &self,
+        spec: &ActionSpec,
+        output: Vec<u8>,
+        call: &CallContext,
+    ) -> Result<(), ReapiError> {
         let mut blobs = Vec::new();
         let mut output_files = Vec::new();
         for (name, local) in &spec.outputs {
@@ -325,23 +330,12 @@ impl RemoteExecutor {
                 digest: Some(digest.clone()),
                 ..Default::default()
             });
-            blobs.push(Blob {
-                digest,
-                source: BlobSource::File(local.clone()),
-            });
+            blobs.push(Blob::from_file(local.clone(), digest));
         }
-        let stderr_digest = reapi::digest::of_bytes(&output);
-        blobs.push(Blob {
-            digest: stderr_digest.clone(),
-            source: BlobSource::Bytes(output),
-        });
-        let digests: Vec<Digest> = blobs.iter().map(|b| b.digest.clone()).collect();
-        let missing: HashSet<Digest> = self.client.find_missing(&digests, call).await?.into_iter().collect();
-        let mut sent = HashSet::new();
-        blobs.retain(|b| missing.contains(&b.digest) && sent.insert(b.digest.clone()));
-        if !blobs.is_empty() {
-            self.client.upload(blobs, call).await?;
-        }
+        let stderr = Blob::from_bytes(output);
+        let stderr_digest = stderr.digest.clone();
+        blobs.push(stderr);
+        self.client.upload_missing(blobs, call).await?;
         let result = ActionResult {
             output_files,
             exit_code: 0,
@@ -364,7 +358,7 @@ impl RemoteExecutor {
     ) -> Result<(Ran, ActionResult), RemoteFailure> {
         if let Some(result) = self
             .client
-            .get_action_result(&spec.action_digest, call)
+            .get_action_result(&spec.action_digest, true, call)
             .await?
             && result.exit_code == 0
         {
@@ -416,37 +410,23 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Result<(), ReapiError> {
-        let unknown: Vec<Digest> = {
-            let present = self.present.lock().map(|p| p.clone()).unwrap_or_default();
-            let mut seen = HashSet::new();
-            spec.blobs
+        // Cloning the set would cost more than holding the lock for one filter pass.
+        let unknown: Vec<Blob> = match self.present.lock() {
+            Ok(present) => spec
+                .blobs
                 .iter()
-                .map(|b| &b.digest)
-                .filter(|d| !present.contains(*d) && seen.insert((*d).clone()))
+                .filter(|b| !present.contains(&b.digest))
                 .cloned()
-                .collect()
+                .collect(),
+            Err(_) => spec.blobs.clone(),
         };
         if unknown.is_empty() {
             return Ok(());
         }
-        let missing: HashSet<Digest> = self
-            .client
-            .find_missing(&unknown, call)
-            .await?
-            .into_iter()
-            .collect();
-        let mut sent = HashSet::new();
-        let to_upload = spec
-            .blobs
-            .iter()
-            .filter(|b| missing.contains(&b.digest) && sent.insert(b.digest.clone()))
-            .cloned()
-            .collect::<Vec<_>>();
-        if !to_upload.is_empty() {
-            self.client.upload(to_upload, call).await?;
-        }
+        let digests: Vec<Digest> = unknown.iter().map(|b| b.digest.clone()).collect();
+        self.client.upload_missing(unknown, call).await?;
         if let Ok(mut present) = self.present.lock() {
-            present.extend(unknown);
+            present.extend(digests);
         }
         Ok(())
     }

@@ -1,1 +1,285 @@
 //! The REAPI v2 client: channel and auth, capabilities, CAS, action cache, execution, metadata, retry.
+//!
+//! This module is transport only: it moves blobs, reads and writes action results and runs actions
+//! whose messages the planner built, and knows nothing of ThinLTO. A [`Client`] is connected once
+//! per link (reading the server's capabilities), is cheap to clone, and is shared by every job.
+//! Every call retries transient failures within its deadline, carries the `RequestMetadata`
+//! header and the configured extra headers, and checks what comes back (per-blob statuses,
+//! digests of downloaded data).
+
+mod action_cache;
+mod capabilities;
+mod cas;
+mod channel;
+pub mod digest;
+mod error;
+mod execution;
+mod metadata;
+pub mod retry;
+mod stats;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+pub use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, ExecuteResponse};
+pub use capabilities::{DEFAULT_MAX_BATCH_BYTES, ServerCapabilities};
+pub use cas::{Blob, BlobSource};
+pub use channel::TlsFiles;
+pub use digest::Digest;
+pub use error::ReapiError;
+pub use execution::Stage;
+pub use metadata::{CallContext, parse_header_arg};
+pub use stats::TransferStats;
+
+use metadata::CallMetadata;
+use retry::{Attempts, RetryPolicy};
+use stats::Counters;
+
+/// Largest message the client accepts: batches up to the server's limit plus action results
+/// with inlined output.
+const MAX_MESSAGE_BYTES: usize = 128 << 20;
+
+/// How to reach and talk to a REAPI server.
+#[derive(Clone)]
+pub struct ConnectionOptions {
+    /// `grpc://HOST:PORT`, `grpcs://HOST:PORT` or `unix:///PATH`.
+    pub endpoint: String,
+    /// The REAPI instance name (may be empty).
+    pub instance_name: String,
+    /// Extra headers sent with every call, `(NAME, VALUE)`; a VALUE of `env:VAR` is read from the
+    /// environment variable VAR at connect time.
+    pub headers: Vec<(String, String)>,
+    pub tls: TlsFiles,
+    /// Deadline of each call, retries included (ByteStream transfers get extra time per byte).
+    pub timeout: Duration,
+    /// Deadline of one Execute, from request to result, including queueing and re-attaching.
+    pub execute_timeout: Duration,
+    /// Retries of a call after transient failures.
+    pub max_retries: u32,
+    /// Identifies this link in the server's logs (`RequestMetadata.tool_invocation_id`).
+    pub invocation_id: String,
+    /// Identifies the build this link belongs to, if the caller knows one.
+    pub correlated_invocations_id: Option<String>,
+}
+
+impl ConnectionOptions {
+    /// Options for `endpoint` with defaults: no instance name, no headers, system TLS roots,
+    /// 60 s per call, 1 h per Execute, 5 retries, a fresh random invocation id.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        ConnectionOptions {
+            endpoint: endpoint.into(),
+            instance_name: String::new(),
+            headers: Vec::new(),
+            tls: TlsFiles::default(),
+            timeout: Duration::from_secs(60),
+            execute_timeout: Duration::from_secs(3600),
+            max_retries: 5,
+            invocation_id: uuid::Uuid::new_v4().to_string(),
+            correlated_invocations_id: None,
+        }
+    }
+}
+
+/// Header values are secrets: debug output shows names only.
+impl fmt::Debug for ConnectionOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionOptions")
+            .field("endpoint", &self.endpoint)
+            .field("instance_name", &self.instance_name)
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(name, _)| name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("tls", &self.tls)
+            .field("timeout", &self.timeout)
+            .field("execute_timeout", &self.execute_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("invocation_id", &self.invocation_id)
+            .field("correlated_invocations_id", &self.correlated_invocations_id)
+            .finish()
+    }
+}
+
+/// A connection to one REAPI server and instance. Cheap to clone; clones share the channel and
+/// the statistics.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    channel: Channel,
+    endpoint: String,
+    instance_name: String,
+    metadata: CallMetadata,
+    retry: RetryPolicy,
+    timeout: Duration,
+    execute_timeout: Duration,
+    capabilities: ServerCapabilities,
+    counters: Counters,
+}
+
+impl Client {
+    /// Connects to the server and reads its capabilities (retrying while it is unavailable).
+    pub async fn connect(opts: &ConnectionOptions) -> Result<Client, ReapiError> {
+        check_instance_name(&opts.instance_name)?;
+        let metadata = CallMetadata::new(
+            &opts.headers,
+            &opts.invocation_id,
+            opts.correlated_invocations_id.as_deref(),
+        )?;
+        let channel = channel::channel(&opts.endpoint, &opts.tls, opts.timeout)?;
+        let mut inner = Inner {
+            channel,
+            endpoint: opts.endpoint.clone(),
+            instance_name: opts.instance_name.clone(),
+            metadata,
+            retry: RetryPolicy::new(opts.max_retries),
+            timeout: opts.timeout,
+            execute_timeout: opts.execute_timeout,
+            capabilities: ServerCapabilities {
+                max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+                exec_enabled: false,
+                ac_update_enabled: false,
+                high_api_version: (2, 0),
+            },
+            counters: Counters::default(),
+        };
+        inner.capabilities = inner.read_capabilities().await?;
+        Ok(Client {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// What the server said it can do when the client connected.
+    pub fn capabilities(&self) -> &ServerCapabilities {
+        &self.inner.capabilities
+    }
+
+    /// The endpoint this client talks to, as configured.
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    /// The client's transfer counters so far.
+    pub fn stats(&self) -> TransferStats {
+        self.inner.counters.snapshot()
+    }
+}
+
+impl Inner {
+    async fn read_capabilities(&self) -> Result<ServerCapabilities, ReapiError> {
+        let request = re::GetCapabilitiesRequest {
+            instance_name: self.instance_name.clone(),
+        };
+        let mut attempts = self.attempts(self.deadline());
+        let ctx = CallContext::default();
+        let caps = retry::run(&mut attempts, |remaining| {
+            let mut client = re::capabilities_client::CapabilitiesClient::new(self.channel.clone());
+            let request = self.request(request.clone(), &ctx, remaining);
+            async move { client.get_capabilities(request).await }
+        })
+        .await
+        .map_err(|status| self.fail("GetCapabilities", &status, &attempts))?;
+        ServerCapabilities::from_proto(&self.endpoint, caps.get_ref())
+    }
+
+    /// A request carrying `message`, the metadata for `ctx` and a gRPC deadline of `timeout`.
+    fn request<T>(&self, message: T, ctx: &CallContext, timeout: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        self.metadata.apply(request.metadata_mut(), ctx);
+        request.set_timeout(timeout);
+        request
+    }
+
+    /// The deadline of an ordinary call starting now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    fn attempts(&self, deadline: Instant) -> Attempts<'_> {
+        Attempts::new(&self.retry, deadline, &self.counters.rpc_retries)
+    }
+
+    fn fail(
+        &self,
+        rpc: &'static str,
+        status: &tonic::Status,
+        attempts: &Attempts<'_>,
+    ) -> ReapiError {
+        ReapiError::rpc(rpc, &self.endpoint, status, attempts.retries())
+    }
+
+    fn protocol_error(&self, rpc: &'static str, what: impl Into<String>) -> ReapiError {
+        ReapiError::Protocol {
+            rpc,
+            endpoint: self.endpoint.clone(),
+            what: what.into(),
+        }
+    }
+}
+
+/// Instance names are `/`-separated segments that must not be mistaken for resource name parts.
+fn check_instance_name(name: &str) -> Result<(), ReapiError> {
+    const RESERVED: [&str; 7] = [
+        "blobs",
+        "uploads",
+        "actions",
+        "actionResults",
+        "operations",
+        "capabilities",
+        "compressed-blobs",
+    ];
+    if name.is_empty() {
+        return Ok(());
+    }
+    match name
+        .split('/')
+        .find(|s| s.is_empty() || RESERVED.contains(s))
+    {
+        None => Ok(()),
+        Some("") => Err(ReapiError::Config(format!(
+            "instance name `{name}` has an empty path segment (leading, trailing or double `/`)"
+        ))),
+        Some(reserved) => Err(ReapiError::Config(format!(
+            "instance name `{name}` contains the reserved segment `{reserved}`"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_names() {
+        for ok in ["", "main", "a/b/c", "default_instance"] {
+            assert!(check_instance_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["/main", "main/", "a//b", "x/blobs/y", "uploads"] {
+            assert!(check_instance_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn debug_hides_header_values() {
+        let mut opts = ConnectionOptions::new("grpc://h:1");
+        opts.headers
+            .push(("authorization".into(), "Bearer s3cret".into()));
+        let shown = format!("{opts:?}");
+        assert!(
+            shown.contains("authorization") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+}

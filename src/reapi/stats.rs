@@ -1,0 +1,46 @@
+//! Transfer counters shared by every clone of a client, read as one snapshot for the run's summary
+//! line and its stats JSON.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What the client moved and how often it had to retry, since it connected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TransferStats {
+    pub bytes_uploaded: u64,
+    pub blobs_uploaded: u64,
+    pub bytes_downloaded: u64,
+    pub blobs_downloaded: u64,
+    /// RPC attempts repeated after a transient failure (including re-attached Execute streams).
+    pub rpc_retries: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    bytes_uploaded: AtomicU64,
+    blobs_uploaded: AtomicU64,
+    bytes_downloaded: AtomicU64,
+    blobs_downloaded: AtomicU64,
+    pub(crate) rpc_retries: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn uploaded(&self, bytes: u64) {
+        self.bytes_uploaded.fetch_add(bytes, Ordering::Relaxed);
+        self.blobs_uploaded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn downloaded(&self, bytes: u64) {
+        self.bytes_downloaded.fetch_add(bytes, Ordering::Relaxed);
+        self.blobs_downloaded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> TransferStats {
+        TransferStats {
+            bytes_uploaded: self.bytes_uploaded.load(Ordering::Relaxed),
+            blobs_uploaded: self.blobs_uploaded.load(Ordering::Relaxed),
+            bytes_downloaded: self.bytes_downloaded.load(Ordering::Relaxed),
+            blobs_downloaded: self.blobs_downloaded.load(Ordering::Relaxed),
+            rpc_retries: self.rpc_retries.load(Ordering::Relaxed),
+        }
+    }
+}
