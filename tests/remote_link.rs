@@ -229,8 +229,9 @@ fn a_remote_compile_error_fails_the_link_with_the_compilers_message() {
 
 #[test]
 fn tiny_batches_force_bytestream_and_a_big_input_works() {
-    // A module with a 9 MiB string: its bitcode is bigger than 8 MiB.
-    let big: String = (0..9 << 20).map(|i: u32| char::from(b'a' + ((i.wrapping_mul(2654435761) >> 7) % 26) as u8)).collect();
+    // A module with a 12 MiB string of letters (bitcode stores them in 6 bits each): its bitcode is
+    // bigger than 8 MiB.
+    let big: String = (0..12 << 20).map(|i: u32| char::from(b'a' + ((i.wrapping_mul(2654435761) >> 7) % 26) as u8)).collect();
     let mut project = Project::new();
     project.add_sources([
         ("big.c".to_owned(), format!("const char big[] = \"{big}\";\nint pick(int i) {{ return big[i]; }}\n")),
