@@ -1050,6 +1050,8 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { failure_persistence: None, ..Default::default() })]
+
         #[test]
         fn any_record_round_trips(code in 0u64..100, fields in proptest::collection::vec(proptest::num::u64::ANY, 0..20),
                                   width in 3u32..8, use_abbrev: bool) {
