@@ -39,7 +39,8 @@ pub struct ModuleEntry {
     pub id: u64,
     /// The path the backend compile opens the module by, as the link named it (arbitrary bytes).
     pub path: Vec<u8>,
-    /// The module's hash, equal to [`module_hash`] of its bitcode; `None` if the shard records none.
+    /// The module's hash, [`module_hash`] of its bitcode (compare with [`ModuleEntry::matches_hash`]);
+    /// `None` if the shard records none.
     pub hash: Option<[u32; 5]>,
 }
 
