@@ -1,1 +1,49 @@
-fn main() {}
+//! The `dtlto-reapi` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches};
+use dtlto_reapi::cli::{Cli, Command};
+use dtlto_reapi::{config, driver, server};
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match cli.command {
+        Some(Command::Serve(args)) => report(server::run(args)),
+        Some(Command::Config(args)) => {
+            let sub = matches.subcommand().map_or(&matches, |(_, m)| m);
+            report(
+                config::resolve(&args.settings, sub)
+                    .and_then(|r| r.report())
+                    .map(|text| print!("{text}")),
+            )
+        }
+        None => {
+            let Some(job_file) = cli.job_file else {
+                eprintln!(
+                    "dtlto-reapi: error: no job file given (usage: dtlto-reapi [OPTIONS] <JOB_FILE>; see --help)"
+                );
+                return ExitCode::from(2);
+            };
+            match config::resolve(&cli.settings, &matches) {
+                Ok(resolved) => driver::distribute(&job_file, &resolved.settings),
+                Err(e) => report(Err(e)),
+            }
+        }
+    }
+}
+
+/// Exit status and one error line for the subcommands.
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dtlto-reapi: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
