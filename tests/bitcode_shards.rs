@@ -8,59 +8,14 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
+use common::{TARGET, run_ok, toolchain};
 use dtlto_reapi::bitcode::{ModuleEntry, module_hash, rewrite_shard_paths, shard_modules};
 use serde_json::Value;
 
-struct Toolchain {
-    clang: PathBuf,
-    ar: PathBuf,
-    lld: PathBuf,
-}
-
-/// The toolchain, found once: concurrent runs of toolchain.sh race on its wrapper files.
-fn toolchain() -> &'static Toolchain {
-    static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
-    TOOLCHAIN.get_or_init(find_toolchain)
-}
-
-fn find_toolchain() -> Toolchain {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/toolchain.sh");
-    let out = Command::new(&script)
-        .output()
-        .expect("run scripts/toolchain.sh");
-    assert!(
-        out.status.success(),
-        "toolchain.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("toolchain.sh prints UTF-8");
-    let tool = |name: &str| {
-        let prefix = format!("{name}=");
-        let line = stdout.lines().find_map(|line| line.strip_prefix(&prefix));
-        PathBuf::from(line.unwrap_or_else(|| panic!("toolchain.sh printed no {name}=: {stdout}")))
-    };
-    Toolchain {
-        clang: tool("CLANG"),
-        ar: tool("AR"),
-        lld: tool("LLD"),
-    }
-}
-
-fn run(cmd: &mut Command) -> std::process::Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+mod common;
 
 const DISTRIBUTOR: &str = r#"#!/usr/bin/env python3
 # Runs every job of lld's DTLTO job file (the last argument) one after the other.
@@ -70,53 +25,54 @@ failed = [job for job in plan["jobs"] if subprocess.call(plan["common"]["args"] 
 sys.exit(1 if failed else 0)
 "#;
 
-impl Toolchain {
-    /// Compiles `name.c` (in `dir`) to `name.o` for ThinLTO, with `extra` options.
-    fn compile(&self, dir: &Path, name: &str, source: &str, extra: &[&str]) {
-        fs::write(dir.join(format!("{name}.c")), source).unwrap();
-        run(Command::new(&self.clang)
+/// Compiles `name.c` (in `dir`) to `name.o` for ThinLTO, with `extra` options.
+fn compile(dir: &Path, name: &str, source: &str, extra: &[&str]) {
+    fs::write(dir.join(format!("{name}.c")), source).unwrap();
+    run_ok(
+        Command::new(&toolchain().clang)
             .current_dir(dir)
-            .args(["--target=x86_64-linux-gnu", "-O2", "-flto=thin", "-c"])
+            .args([TARGET, "-O2", "-flto=thin", "-c"])
             .args(extra)
             .arg(format!("{name}.c"))
-            .args(["-o", &format!("{name}.o")]));
-    }
+            .args(["-o", &format!("{name}.o")]),
+    );
+}
 
-    /// Links `inputs` in `dir` with DTLTO, keeping every temporary file; returns the link's failure
-    /// message if it failed, and the job file lld wrote.
-    fn dtlto_link(&self, dir: &Path, inputs: &[&str]) -> (Result<(), String>, Value) {
-        let distributor = dir.join("distributor.py");
-        fs::write(&distributor, DISTRIBUTOR).unwrap();
-        run(Command::new("chmod").arg("+x").arg(&distributor));
-        let link = Command::new(&self.clang)
+/// Links `inputs` in `dir` with DTLTO through [`DISTRIBUTOR`], keeping every temporary file; returns
+/// the link's failure message if it failed, and the job file lld wrote.
+fn dtlto_link(dir: &Path, inputs: &[&str]) -> (Result<(), String>, Value) {
+    let tc = toolchain();
+    let distributor = dir.join("distributor.py");
+    fs::write(&distributor, DISTRIBUTOR).unwrap();
+    run_ok(Command::new("chmod").arg("+x").arg(&distributor));
+    let link = common::run(
+        Command::new(&tc.clang)
             .current_dir(dir)
-            .args(["--target=x86_64-linux-gnu", "-O2", "-flto=thin"])
-            .arg(format!("-fuse-ld={}", self.lld.display()))
+            .args([TARGET, "-O2", "-flto=thin"])
+            .arg(format!("-fuse-ld={}", tc.lld.display()))
             .args(inputs)
-            // Without it, lld links a FatLTO object's native code rather than its bitcode.
+            // Without -ffat-lto-objects, lld links a FatLTO object's native code, not its bitcode.
             .args(["-o", "app", "-Wl,--save-temps", "-ffat-lto-objects"])
             .arg(format!("-fthinlto-distributor={}", distributor.display()))
             .arg(format!(
                 "-Wl,--thinlto-remote-compiler={}",
-                self.clang.display()
-            ))
-            .output()
-            .expect("run the link");
-        let linked = if link.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&link.stderr).into_owned())
-        };
-        let job_file = fs::read_dir(dir)
-            .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .find(|path| path.to_string_lossy().ends_with(".dist-file.json"))
-            .expect("lld kept its job file");
-        (
-            linked,
-            serde_json::from_slice(&fs::read(job_file).unwrap()).unwrap(),
-        )
-    }
+                tc.clang.display()
+            )),
+    );
+    let linked = if link.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&link.stderr).into_owned())
+    };
+    let job_file = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().ends_with(".dist-file.json"))
+        .expect("lld kept its job file");
+    (
+        linked,
+        serde_json::from_slice(&fs::read(job_file).unwrap()).unwrap(),
+    )
 }
 
 fn strings(value: &Value) -> Vec<String> {
@@ -212,35 +168,38 @@ fn compile_renamed(plan: &Value, dir: &Path, job: &Job, work: &Path) -> Vec<u8> 
         .expect("the job's own module")
         .0;
     let args = strings(&plan["common"]["args"]);
-    run(Command::new(&args[0])
-        .current_dir(work)
-        .args(&args[1..])
-        .arg(new_name(main))
-        .args(["-fthinlto-index=index.bc", "-o", "out.o"]));
+    run_ok(
+        Command::new(&args[0])
+            .current_dir(work)
+            .args(&args[1..])
+            .arg(new_name(main))
+            .args(["-fthinlto-index=index.bc", "-o", "out.o"]),
+    );
     fs::read(work.join("out.o")).unwrap()
 }
 
 #[test]
 fn shards_of_a_real_link_read_match_and_rewrite() {
-    let tc = toolchain();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let main = "int twice(int); int thrice(int);\nint main(int argc, char **argv) { return twice(argc) + thrice(argc); }\n";
-    tc.compile(dir, "main", main, &[]);
+    compile(dir, "main", main, &[]);
     // A FatLTO object: its bitcode is in an ELF section.
-    tc.compile(
+    compile(
         dir,
         "two",
         "int twice(int x) { return 2 * x; }\n",
         &["-ffat-lto-objects"],
     );
-    tc.compile(dir, "three", "int thrice(int x) { return 3 * x; }\n", &[]);
-    run(Command::new(&tc.ar)
-        .current_dir(dir)
-        .args(["rcs", "libthree.a", "three.o"]));
+    compile(dir, "three", "int thrice(int x) { return 3 * x; }\n", &[]);
+    run_ok(
+        Command::new(&toolchain().ar)
+            .current_dir(dir)
+            .args(["rcs", "libthree.a", "three.o"]),
+    );
     assert!(fs::read(dir.join("two.o")).unwrap().starts_with(b"\x7fELF"));
 
-    let (linked, plan) = tc.dtlto_link(dir, &["main.o", "two.o", "libthree.a"]);
+    let (linked, plan) = dtlto_link(dir, &["main.o", "two.o", "libthree.a"]);
     linked.expect("the DTLTO link succeeds");
     let status = Command::new(dir.join("app")).status().unwrap();
     assert_eq!(status.code(), Some(5), "app returns 2*1 + 3*1");
@@ -323,18 +282,17 @@ fn shards_of_a_real_link_read_match_and_rewrite() {
 /// backend cannot open the module; the hash still identifies it, and rewriting the path repairs the job.
 #[test]
 fn non_ascii_module_paths_are_repaired_by_rewriting() {
-    let tc = toolchain();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    tc.compile(
+    compile(
         dir,
         "main",
         "int g(int);\nint main(int argc, char **argv) { return g(argc); }\n",
         &[],
     );
-    tc.compile(dir, "\u{3b1}", "int g(int x) { return 3 * x + 1; }\n", &[]);
+    compile(dir, "\u{3b1}", "int g(int x) { return 3 * x + 1; }\n", &[]);
 
-    let (linked, plan) = tc.dtlto_link(dir, &["main.o", "\u{3b1}.o"]);
+    let (linked, plan) = dtlto_link(dir, &["main.o", "\u{3b1}.o"]);
     let jobs = jobs(&plan);
     let main = jobs.iter().find(|job| job.modules[0] == "main.o").unwrap();
     let entries = shard_modules(&fs::read(dir.join(&main.shard)).unwrap()).unwrap();
@@ -371,12 +329,14 @@ fn non_ascii_module_paths_are_repaired_by_rewriting() {
         .unwrap();
         objects.push(object);
     }
-    run(Command::new(&tc.clang)
-        .arg("--target=x86_64-linux-gnu")
-        .arg(format!("-fuse-ld={}", tc.lld.display()))
-        .args(&objects)
-        .arg("-o")
-        .arg(dir.join("repaired")));
+    run_ok(
+        Command::new(&toolchain().clang)
+            .arg(TARGET)
+            .arg(format!("-fuse-ld={}", toolchain().lld.display()))
+            .args(&objects)
+            .arg("-o")
+            .arg(dir.join("repaired")),
+    );
     assert_eq!(
         Command::new(dir.join("repaired")).status().unwrap().code(),
         Some(4),

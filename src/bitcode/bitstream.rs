@@ -613,7 +613,10 @@ impl<'a> Cursor<'a> {
                 if self.reader.pos() != end {
                     return Err(malformed(
                         start,
-                        format!("END_BLOCK, but the length word says the block ends at bit {end}"),
+                        format!(
+                            "END_BLOCK ends the block at bit {}, but its length word says bit {end}",
+                            self.reader.pos()
+                        ),
                     ));
                 }
                 Item::End
