@@ -613,7 +613,10 @@ impl<'a> Cursor<'a> {
                 if self.reader.pos() != end {
                     return Err(malformed(
                         start,
-                        format!("END_BLOCK, but the length word says the block ends at bit {end}"),
+                        format!(
+                            "END_BLOCK ends the block at bit {}, but its length word says bit {end}",
+                            self.reader.pos()
+                        ),
                     ));
                 }
                 Item::End
@@ -1050,6 +1053,8 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { failure_persistence: None, ..Default::default() })]
+
         #[test]
         fn any_record_round_trips(code in 0u64..100, fields in proptest::collection::vec(proptest::num::u64::ANY, 0..20),
                                   width in 3u32..8, use_abbrev: bool) {

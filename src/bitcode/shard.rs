@@ -3,7 +3,9 @@
 //! the length words of the blocks around it and the wrapper's size: every other byte stays as it was, so a
 //! backend compile sees the same summary with only the paths changed. Entries whose path is unchanged keep
 //! their exact bits; a changed entry is re-encoded with its own abbreviation when the new path fits it
-//! (e.g. a char6 array cannot hold '/'), unabbreviated otherwise.
+//! (e.g. a char6 array cannot hold '/'), unabbreviated otherwise. Unlike module files, shards hold no
+//! absolute offsets into the stream (VSTOFFSET, function offsets), so the length words are all there is
+//! to fix.
 
 use std::ops::Range;
 
@@ -211,8 +213,11 @@ pub(crate) fn rewrite_shard_paths(
                     bits,
                     abbrevs,
                 } => {
-                    let entry = &shard.entries[*index];
-                    let path = new_paths.get(*index).unwrap_or(&entry.path);
+                    let (Some(entry), Some(path)) =
+                        (shard.entries.get(*index), new_paths.get(*index))
+                    else {
+                        continue;
+                    };
                     if *path == entry.path {
                         w.copy(&source, bits.clone())?;
                     } else {
