@@ -120,7 +120,12 @@ pub fn canonical(job_file: &JobFile, job: &Job, digests: &FileDigests) -> Result
     let mut claimed = vec![false; modules.len()];
     let mut matched: Vec<usize> = Vec::with_capacity(entries.len());
     for entry in &entries {
-        let by_hash = |i: usize| entry.hash.is_some() && digests.get(modules[i]).and_then(|f| f.module_hash) == entry.hash;
+        // `matches_hash`, not equality: LLVM 22.1.8 corrupts the first hash word along with a
+        // non-ASCII path.
+        let by_hash = |i: usize| {
+            let file_hash = digests.get(modules[i]).and_then(|f| f.module_hash);
+            file_hash.is_some_and(|h| entry.matches_hash(&h))
+        };
         let by_path = |i: usize| modules[i].as_os_str().as_encoded_bytes() == entry.path.as_slice();
         let found = (0..modules.len())
             .find(|&i| !claimed[i] && by_hash(i))
