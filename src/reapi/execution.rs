@@ -215,6 +215,7 @@ impl Inner {
 
     /// The ExecuteResponse of a done operation, or the status it failed with (as a gRPC status,
     /// so that missing-blob details and transient codes are read the same way as a call's).
+    /// A malformed operation is INTERNAL, so the action is executed again within the budget.
     fn unpack(&self, op: Operation) -> Result<ExecuteResponse, Status> {
         let protocol =
             |what: &str| Status::internal(format!("invalid operation {}: {what}", op.name));
