@@ -519,7 +519,7 @@ async fn cas_dir_keeps_blobs_and_results_across_restarts() {
     };
 
     let first = Server::start(&["--cas-dir", cas_dir]).await;
-    first.upload(&[blob.clone()]).await;
+    first.upload(std::slice::from_ref(&blob)).await;
     first
         .action_cache()
         .update_action_result(UpdateActionResultRequest {

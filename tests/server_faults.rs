@@ -150,7 +150,7 @@ async fn fault_corrupt_reads_corrupts_the_first_reads() {
     let server = Server::start(&["--fault-corrupt-reads", "2"]).await;
     let blob = b"precious bytes".to_vec();
     let d = digest(&blob);
-    server.upload(&[blob.clone()]).await;
+    server.upload(std::slice::from_ref(&blob)).await;
     let batch = || {
         let mut cas = server.cas();
         let d = d.clone();
