@@ -519,7 +519,7 @@ async fn cas_dir_keeps_blobs_and_results_across_restarts() {
     };
 
     let first = Server::start(&["--cas-dir", cas_dir]).await;
-    first.upload(&[blob.clone()]).await;
+    first.upload(std::slice::from_ref(&blob)).await;
     first
         .action_cache()
         .update_action_result(UpdateActionResultRequest {
@@ -583,4 +583,9 @@ async fn listens_on_a_unix_socket() {
         .expect("GetCapabilities over the unix socket")
         .into_inner();
     assert!(caps.execution_capabilities.expect("exec").exec_enabled);
+
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id().expect("pid") as i32, libc::SIGTERM) };
+    assert!(child.wait().await.expect("wait").success());
+    assert!(!socket.exists(), "the socket file is removed at exit");
 }

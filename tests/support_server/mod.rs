@@ -26,7 +26,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command as Process};
 use tonic::transport::Channel;
 
-/// A running `dtlto-reapi serve`, killed when dropped.
+/// A running `dtlto-reapi serve`, sent SIGTERM when dropped so that it cleans up after itself.
 pub struct Server {
     child: Child,
     /// `http://127.0.0.1:PORT`, for third-party clients.
@@ -43,9 +43,15 @@ fn serve(args: &[&str]) -> Process {
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
+        .stderr(Stdio::inherit());
     process
+}
+
+fn sigterm(child: &Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
 }
 
 impl Server {
@@ -79,9 +85,7 @@ impl Server {
 
     /// Sends SIGTERM and waits for the exit.
     pub async fn terminate(mut self) -> ExitStatus {
-        let pid = self.child.id().expect("pid") as i32;
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        sigterm(&self.child);
         self.child.wait().await.expect("wait")
     }
 
@@ -214,6 +218,12 @@ impl Server {
                 .await,
         )
         .expect("utf-8")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        sigterm(&self.child);
     }
 }
 
