@@ -270,6 +270,11 @@ async fn execute_runs_an_action_and_reports_stages() {
     };
     assert_eq!(stdout, b"done\n");
     assert_eq!(stages.last(), Some(&Stage::Completed), "{stages:?}");
+    assert!(stages.contains(&Stage::Executing), "{stages:?}");
+    assert!(
+        stages.windows(2).all(|w| w[0] != w[1]),
+        "only changes are reported: {stages:?}"
+    );
 
     // The second run comes from the cache, unless the lookup is skipped.
     let again = client.execute(&action_digest, false, &ctx()).await.unwrap();
