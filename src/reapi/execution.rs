@@ -61,9 +61,9 @@ enum Interrupted {
 
 impl Client {
     /// Executes `action` and returns the server's response once it is done. The response's
-    /// status is OK (a failed execution is an error carrying its code, and for missing inputs
-    /// [`ReapiError::missing_blobs`]); the action's own exit code is in `result`. Stdout and
-    /// stderr are asked to be inlined.
+    /// status is OK and its `result` is present (a failed execution is an error carrying its
+    /// code, and for missing inputs [`ReapiError::missing_blobs`]); the action's own exit code is
+    /// in `result`. Stdout and stderr are asked to be inlined (servers may still send digests).
     pub async fn execute(
         &self,
         action: &Digest,
@@ -215,6 +215,7 @@ impl Inner {
 
     /// The ExecuteResponse of a done operation, or the status it failed with (as a gRPC status,
     /// so that missing-blob details and transient codes are read the same way as a call's).
+    /// A malformed operation is INTERNAL, so the action is executed again within the budget.
     fn unpack(&self, op: Operation) -> Result<ExecuteResponse, Status> {
         let protocol =
             |what: &str| Status::internal(format!("invalid operation {}: {what}", op.name));
@@ -241,6 +242,9 @@ impl Inner {
                     message,
                     status.details().to_vec().into(),
                 ))
+            }
+            _ if response.result.is_none() => {
+                Err(protocol("an OK ExecuteResponse without a result"))
             }
             _ => Ok(response),
         }

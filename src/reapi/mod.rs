@@ -147,6 +147,7 @@ impl Client {
             retry: RetryPolicy::new(opts.max_retries),
             timeout: opts.timeout,
             execute_timeout: opts.execute_timeout,
+            // Replaced by what the server says, just below.
             capabilities: ServerCapabilities {
                 max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
                 exec_enabled: false,
@@ -269,6 +270,25 @@ mod tests {
         for bad in ["/main", "main/", "a//b", "x/blobs/y", "uploads"] {
             assert!(check_instance_name(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The executor runs calls on spawned tasks: every call's future must be `Send`.
+    #[test]
+    fn call_futures_are_send() {
+        fn send<T: Send>(_: T) {}
+        fn check(c: &Client, d: &Digest, ctx: &CallContext, path: &std::path::Path) {
+            send(c.find_missing(std::slice::from_ref(d), ctx));
+            send(c.upload(Vec::new(), ctx));
+            send(c.upload_missing(Vec::new(), ctx));
+            send(c.download(d, ctx));
+            send(c.download_to_file(d, path, ctx));
+            send(c.get_action_result(d, true, ctx));
+            send(c.update_action_result(d, ActionResult::default(), ctx));
+            send(c.execute(d, false, ctx));
+        }
+        // Type-checking `check` is the test.
+        let _ = check;
+        send(Client::connect(&ConnectionOptions::new("grpc://h:1")));
     }
 
     #[test]

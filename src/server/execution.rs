@@ -30,9 +30,14 @@ const KEEP_FINISHED: Duration = Duration::from_secs(600);
 const METADATA_TYPE: &str = "build.bazel.remote.execution.v2.ExecuteOperationMetadata";
 const RESPONSE_TYPE: &str = "build.bazel.remote.execution.v2.ExecuteResponse";
 
+/// Every state an Operation has been in, in order (at most QUEUED, EXECUTING, done). Keeping the
+/// history rather than only the latest state lets an Execute stream show every stage even when
+/// the action moves on faster than the client reads.
+type History = Vec<Operation>;
+
 /// A live or recently finished Operation.
 struct Entry {
-    state: watch::Receiver<Operation>,
+    state: watch::Receiver<History>,
     cancel: CancellationToken,
 }
 
@@ -71,16 +76,20 @@ fn done_operation(name: &str, action: &BlobDigest, response: &ExecuteResponse) -
     }
 }
 
-/// Streams an Operation's states from `state` until it is done.
-fn follow(state: watch::Receiver<Operation>) -> OperationStream {
-    stream::unfold(Some((state, true)), |next| async move {
-        let (mut state, first) = next?;
-        if !first && state.changed().await.is_err() {
-            return None;
+/// Streams an Operation's states from position `from` of its history until it is done.
+fn follow(state: watch::Receiver<History>, from: usize) -> OperationStream {
+    stream::unfold(Some((state, from)), |next| async move {
+        let (mut state, position) = next?;
+        loop {
+            let operation = state.borrow_and_update().get(position).cloned();
+            if let Some(operation) = operation {
+                let more = (!operation.done).then_some((state, position + 1));
+                return Some((Ok(operation), more));
+            }
+            if state.changed().await.is_err() {
+                return None;
+            }
         }
-        let operation = state.borrow_and_update().clone();
-        let more = (!operation.done).then_some((state, false));
-        Some((Ok(operation), more))
     })
     .boxed()
 }
@@ -120,7 +129,7 @@ impl Executor {
         })
     }
 
-    fn entry_state(&self, name: &str) -> Result<watch::Receiver<Operation>, Status> {
+    fn entry_state(&self, name: &str) -> Result<watch::Receiver<History>, Status> {
         self.operations()?
             .get(name)
             .map(|entry| entry.state.clone())
@@ -133,14 +142,14 @@ impl Executor {
         name: String,
         action_digest: BlobDigest,
         job: Job,
-        state: watch::Sender<Operation>,
+        state: watch::Sender<History>,
         cancel: CancellationToken,
     ) {
         let do_not_cache = job.action.do_not_cache;
         let finished = tokio::select! {
             permit = self.slots.acquire() => match permit {
                 Ok(_permit) => {
-                    state.send_replace(stage_operation(&name, &action_digest, execution_stage::Value::Executing));
+                    state.send_modify(|history| history.push(stage_operation(&name, &action_digest, execution_stage::Value::Executing)));
                     self.worker.run(job, cancel).await
                 }
                 Err(_) => Err(Status::unavailable("the server is shutting down")),
@@ -172,7 +181,7 @@ impl Executor {
                 ..Default::default()
             },
         };
-        state.send_replace(done_operation(&name, &action_digest, &response));
+        state.send_modify(|history| history.push(done_operation(&name, &action_digest, &response)));
         tokio::time::sleep(KEEP_FINISHED).await;
         if let Ok(mut operations) = self.operations() {
             operations.remove(&name);
@@ -226,7 +235,7 @@ impl Execution for ExecutionService {
         }
 
         let queued = stage_operation(&name, &action_digest, execution_stage::Value::Queued);
-        let (sender, state) = watch::channel(queued);
+        let (sender, state) = watch::channel(vec![queued]);
         let cancel = executor.shutdown.child_token();
         executor.operations()?.insert(
             name.clone(),
@@ -246,7 +255,7 @@ impl Execution for ExecutionService {
                 .drive(name, action_digest, job, sender, cancel),
         );
 
-        let operations = follow(state);
+        let operations = follow(state, 0);
         if executor.context.faults.drop_execute_stream() {
             // The client sees the accepted Operation, then a broken stream, and must WaitExecution.
             let dropped = Status::unavailable("fault injection: Execute stream dropped");
@@ -268,7 +277,9 @@ impl Execution for ExecutionService {
     ) -> Result<Response<Self::WaitExecutionStream>, Status> {
         self.0.context.faults.enter("WaitExecution").await?;
         let state = self.0.entry_state(&request.get_ref().name)?;
-        Ok(Response::new(follow(state)))
+        // Re-attaching starts from the latest state.
+        let latest = state.borrow().len().saturating_sub(1);
+        Ok(Response::new(follow(state, latest)))
     }
 }
 
@@ -290,8 +301,10 @@ impl Operations for OperationsService {
     ) -> Result<Response<Operation>, Status> {
         self.0.context.faults.enter("GetOperation").await?;
         let state = self.0.entry_state(&request.get_ref().name)?;
-        let operation = state.borrow().clone();
-        Ok(Response::new(operation))
+        let latest = state.borrow().last().cloned();
+        latest
+            .map(Response::new)
+            .ok_or_else(|| Status::internal("operation without a state"))
     }
 
     async fn delete_operation(

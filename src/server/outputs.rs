@@ -24,8 +24,14 @@ pub struct OutputPath {
     pub rel: PathBuf,
 }
 
-/// The checked working directory (relative to the root) and outputs of `command`.
-pub fn plan(command: &Command) -> Result<(PathBuf, Vec<OutputPath>), Status> {
+/// Where an action runs and what it leaves, all relative to the action's root and checked.
+pub struct Layout {
+    pub working_dir: PathBuf,
+    pub outputs: Vec<OutputPath>,
+}
+
+/// The checked working directory and outputs of `command`.
+pub fn plan(command: &Command) -> Result<Layout, Status> {
     let working_dir = confine(
         Path::new(""),
         &command.working_directory,
@@ -58,13 +64,16 @@ pub fn plan(command: &Command) -> Result<(PathBuf, Vec<OutputPath>), Status> {
             })
         })
         .collect::<Result<_, _>>()?;
-    Ok((working_dir, outputs))
+    Ok(Layout {
+        working_dir,
+        outputs,
+    })
 }
 
 /// Creates the working directory and the parents of every output.
-pub fn prepare(root: &Path, working_dir: &Path, outputs: &[OutputPath]) -> Result<(), Status> {
-    create_dirs(root, working_dir)?;
-    for output in outputs {
+pub fn prepare(root: &Path, layout: &Layout) -> Result<(), Status> {
+    create_dirs(root, &layout.working_dir)?;
+    for output in &layout.outputs {
         create_dirs(root, output.rel.parent().unwrap_or(Path::new("")))?;
     }
     Ok(())

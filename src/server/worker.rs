@@ -131,7 +131,7 @@ impl Worker {
         let timeout = timeout_of(&job.action)?;
         let input_root =
             BlobDigest::required(job.action.input_root_digest.as_ref(), "input_root_digest")?;
-        let (working_dir, outputs) = outputs::plan(&job.command)?;
+        let layout = Arc::new(outputs::plan(&job.command)?);
 
         let dir = tempfile::Builder::new()
             .prefix("action-")
@@ -139,15 +139,13 @@ impl Worker {
             .map_err(|e| Status::internal(format!("cannot create an action directory: {e}")))?;
         let root = dir.path().join("root");
         metadata.input_fetch_start_timestamp = Some(now());
-        let (context, root_for_inputs, outputs) =
-            (self.context.clone(), root.clone(), Arc::new(outputs));
-        let outputs_for_inputs = outputs.clone();
-        let working_for_inputs = working_dir.clone();
+        let (context, input_dir, input_layout) =
+            (self.context.clone(), root.clone(), layout.clone());
         blocking(move || {
-            std::fs::create_dir(&root_for_inputs)
+            std::fs::create_dir(&input_dir)
                 .map_err(|e| Status::internal(format!("cannot create the input root: {e}")))?;
-            materialize(&context.storage, &input_root, &root_for_inputs)?;
-            outputs::prepare(&root_for_inputs, &working_for_inputs, &outputs_for_inputs)
+            materialize(&context.storage, &input_root, &input_dir)?;
+            outputs::prepare(&input_dir, &input_layout)
         })
         .await?;
         metadata.input_fetch_completed_timestamp = Some(now());
@@ -156,7 +154,7 @@ impl Worker {
         let ending = self
             .execute(
                 &job.command,
-                &root.join(&working_dir),
+                &root.join(&layout.working_dir),
                 dir.path(),
                 timeout,
                 &cancel,
@@ -166,7 +164,7 @@ impl Worker {
 
         metadata.output_upload_start_timestamp = Some(now());
         let context = self.context.clone();
-        let mut result = blocking(move || collect(&context, &root, &outputs, dir)).await?;
+        let mut result = blocking(move || collect(&context, &root, &layout.outputs, dir)).await?;
         metadata.output_upload_completed_timestamp = Some(now());
         metadata.worker_completed_timestamp = Some(now());
         result.execution_metadata = Some(metadata);

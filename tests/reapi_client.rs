@@ -1,0 +1,531 @@
+//! The REAPI client (`dtlto_reapi::reapi`) against the real `dtlto-reapi serve` process over real
+//! gRPC: CAS round trips through batches and ByteStream, the action cache, Execute with its
+//! re-attach paths, retries of injected faults, corrupt reads, instance names and unix sockets.
+
+mod support_server;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    Action, ActionResult, Command, Digest, OutputFile,
+};
+use dtlto_reapi::reapi::{Blob, CallContext, Client, ConnectionOptions, ReapiError, Stage, digest};
+use support_server::{Server, tree};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tonic::Code;
+
+fn ctx() -> CallContext {
+    CallContext {
+        action_id: "test-action".into(),
+        target_id: "test/module.o".into(),
+    }
+}
+
+fn options(server: &Server) -> ConnectionOptions {
+    let mut opts = ConnectionOptions::new(server.url.replace("http://", "grpc://"));
+    opts.timeout = Duration::from_secs(20);
+    opts
+}
+
+async fn connect(server: &Server) -> Client {
+    Client::connect(&options(server)).await.expect("connect")
+}
+
+/// Deterministic, incompressible-looking test data.
+fn data(len: usize, seed: u8) -> Vec<u8> {
+    let mut state = u32::from(seed) | 0x9e37_0000;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect()
+}
+
+/// Builds an action running `sh -c SCRIPT` over an input root with `inputs`, declaring `outputs`;
+/// returns the action digest and every blob it needs.
+fn action(script: &str, inputs: &[(&str, &[u8], bool)], outputs: &[&str]) -> (Digest, Vec<Blob>) {
+    let (root, tree_blobs) = tree(inputs);
+    let command = Command {
+        arguments: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        output_paths: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let (command_digest, command_bytes) = digest::of_message(&command);
+    let action = Action {
+        command_digest: Some(command_digest),
+        input_root_digest: Some(root),
+        ..Default::default()
+    };
+    let (action_digest, action_bytes) = digest::of_message(&action);
+    let mut blobs: Vec<Blob> = tree_blobs.into_iter().map(Blob::from_bytes).collect();
+    blobs.push(Blob::from_bytes(command_bytes));
+    blobs.push(Blob::from_bytes(action_bytes));
+    (action_digest, blobs)
+}
+
+fn output<'a>(result: &'a ActionResult, path: &str) -> &'a OutputFile {
+    result
+        .output_files
+        .iter()
+        .find(|f| f.path == path)
+        .unwrap_or_else(|| panic!("no output {path}: {result:?}"))
+}
+
+#[tokio::test]
+async fn cas_round_trip_through_batches_and_bytestream() {
+    let server = Server::start(&["--max-batch-bytes", "4096", "--instance-name", "main/x"]).await;
+    let mut opts = options(&server);
+    opts.instance_name = "main/x".into();
+    let client = Client::connect(&opts).await.expect("connect");
+    assert_eq!(client.capabilities().max_batch_bytes, 4096);
+    assert!(client.capabilities().exec_enabled);
+
+    let dir = tempfile::tempdir().unwrap();
+    let small: Vec<Vec<u8>> = (0..40).map(|i| data(100 + i * 37, i as u8)).collect();
+    let large = data(3 * 1024 * 1024 + 123, 200);
+    let large_path = dir.path().join("large.bin");
+    std::fs::write(&large_path, &large).unwrap();
+    let large_digest = digest::of_file(&large_path).unwrap();
+    let large_in_memory = data(10_000, 201);
+
+    let mut blobs: Vec<Blob> = small.iter().cloned().map(Blob::from_bytes).collect();
+    blobs.push(Blob::from_file(large_path.clone(), large_digest.clone()));
+    blobs.push(Blob::from_bytes(large_in_memory.clone()));
+    blobs.push(Blob::from_bytes(small[0].clone())); // a duplicate
+    blobs.push(Blob::from_bytes(Vec::new())); // the empty blob
+    let digests: Vec<Digest> = blobs.iter().map(|b| b.digest.clone()).collect();
+
+    let missing = client.find_missing(&digests, &ctx()).await.unwrap();
+    assert_eq!(
+        missing.len(),
+        42,
+        "all but the duplicate and the empty blob are missing"
+    );
+    assert_eq!(
+        client.upload_missing(blobs.clone(), &ctx()).await.unwrap(),
+        42
+    );
+    assert!(
+        client
+            .find_missing(&digests, &ctx())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(client.upload_missing(blobs, &ctx()).await.unwrap(), 0);
+
+    for blob in &small {
+        assert_eq!(
+            &client
+                .download(&digest::of_bytes(blob), &ctx())
+                .await
+                .unwrap(),
+            blob
+        );
+    }
+    assert_eq!(
+        client
+            .download(&digest::of_bytes(&large_in_memory), &ctx())
+            .await
+            .unwrap(),
+        large_in_memory
+    );
+    let out = dir.path().join("large.out");
+    client
+        .download_to_file(&large_digest, &out, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), large);
+    let empty = dir.path().join("empty.out");
+    client
+        .download_to_file(&digest::of_bytes(b""), &empty, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&empty).unwrap(), b"");
+
+    let stats = client.stats();
+    assert_eq!(stats.blobs_uploaded, 42);
+    let uploaded: u64 =
+        small.iter().map(|b| b.len() as u64).sum::<u64>() + large.len() as u64 + 10_000;
+    assert_eq!(stats.bytes_uploaded, uploaded);
+    assert_eq!(stats.blobs_downloaded, 42);
+    assert_eq!(stats.bytes_downloaded, uploaded);
+
+    // A blob the server lacks is NOT_FOUND, on both paths, and leaves no file behind.
+    for unknown in [
+        digest::of_bytes(b"nowhere"),
+        digest::of_bytes(&data(100_000, 9)),
+    ] {
+        let err = client.download(&unknown, &ctx()).await.unwrap_err();
+        assert_eq!(err.code(), Some(Code::NotFound), "{err}");
+        let path = dir.path().join("absent");
+        assert!(
+            client
+                .download_to_file(&unknown, &path, &ctx())
+                .await
+                .is_err()
+        );
+        assert!(!path.exists());
+    }
+}
+
+#[tokio::test]
+async fn a_file_that_changed_after_hashing_is_refused() {
+    let server = Server::start(&["--max-batch-bytes", "1024"]).await;
+    let client = connect(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    for len in [100, 10_000] {
+        let path = dir.path().join(format!("f{len}"));
+        std::fs::write(&path, data(len, 1)).unwrap();
+        let d = digest::of_file(&path).unwrap();
+        std::fs::write(&path, data(len / 2, 1)).unwrap();
+        let err = client
+            .upload(vec![Blob::from_file(path, d)], &ctx())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("did the file change"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn action_cache_get_and_update() {
+    let server = Server::start(&[]).await;
+    let client = connect(&server).await;
+    assert!(client.capabilities().ac_update_enabled);
+    let action = digest::of_bytes(b"some action");
+    assert_eq!(
+        client
+            .get_action_result(&action, true, &ctx())
+            .await
+            .unwrap(),
+        None
+    );
+
+    let stdout = b"hello\n".to_vec();
+    client
+        .upload(vec![Blob::from_bytes(stdout.clone())], &ctx())
+        .await
+        .unwrap();
+    let result = ActionResult {
+        exit_code: 0,
+        stdout_digest: Some(digest::of_bytes(&stdout)),
+        ..Default::default()
+    };
+    client
+        .update_action_result(&action, result, &ctx())
+        .await
+        .unwrap();
+    let got = client
+        .get_action_result(&action, false, &ctx())
+        .await
+        .unwrap()
+        .expect("a cached result");
+    assert_eq!(got.stdout_digest, Some(digest::of_bytes(&stdout)));
+    assert_eq!(
+        client
+            .download(got.stdout_digest.as_ref().unwrap(), &ctx())
+            .await
+            .unwrap(),
+        stdout
+    );
+}
+
+#[tokio::test]
+async fn execute_runs_an_action_and_reports_stages() {
+    let server = Server::start(&[]).await;
+    let client = connect(&server).await;
+    let (action_digest, blobs) = action(
+        "cat in.txt > out && echo done",
+        &[("in.txt", b"input contents\n", false)],
+        &["out"],
+    );
+    client.upload_missing(blobs, &ctx()).await.unwrap();
+
+    let mut stages = Vec::new();
+    let response = client
+        .execute_with_progress(&action_digest, false, &ctx(), |s| stages.push(s))
+        .await
+        .expect("execute");
+    assert!(!response.cached_result);
+    let result = response.result.expect("result");
+    assert_eq!(result.exit_code, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    client
+        .download_to_file(
+            output(&result, "out").digest.as_ref().unwrap(),
+            &out,
+            &ctx(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), b"input contents\n");
+    let stdout = match result.stdout_digest {
+        Some(d) if result.stdout_raw.is_empty() => client.download(&d, &ctx()).await.unwrap(),
+        _ => result.stdout_raw,
+    };
+    assert_eq!(stdout, b"done\n");
+    assert_eq!(stages.last(), Some(&Stage::Completed), "{stages:?}");
+    assert!(stages.contains(&Stage::Executing), "{stages:?}");
+    assert!(
+        stages.windows(2).all(|w| w[0] != w[1]),
+        "only changes are reported: {stages:?}"
+    );
+
+    // The second run comes from the cache, unless the lookup is skipped.
+    let again = client.execute(&action_digest, false, &ctx()).await.unwrap();
+    assert!(again.cached_result);
+    let skipped = client.execute(&action_digest, true, &ctx()).await.unwrap();
+    assert!(!skipped.cached_result);
+
+    // A failing command is a result, not an error.
+    let (failing, blobs) = action("echo oops >&2; exit 3", &[], &[]);
+    client.upload_missing(blobs, &ctx()).await.unwrap();
+    let response = client.execute(&failing, false, &ctx()).await.unwrap();
+    assert_eq!(response.result.unwrap().exit_code, 3);
+}
+
+#[tokio::test]
+async fn execute_with_missing_inputs_names_them() {
+    let server = Server::start(&[]).await;
+    let client = connect(&server).await;
+    let (action_digest, blobs) = action(
+        "cat in.txt > out",
+        &[("in.txt", b"needed", false)],
+        &["out"],
+    );
+    let input = digest::of_bytes(b"needed");
+    // Upload all but the input file.
+    let without_input: Vec<Blob> = blobs
+        .iter()
+        .filter(|b| b.digest != input)
+        .cloned()
+        .collect();
+    client.upload(without_input, &ctx()).await.unwrap();
+    let err = client
+        .execute(&action_digest, false, &ctx())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::FailedPrecondition), "{err}");
+    assert_eq!(err.missing_blobs(), Some(&[input][..]), "{err}");
+    assert!(!err.is_infrastructure());
+    // Uploading what was missing and trying once more succeeds.
+    client.upload_missing(blobs, &ctx()).await.unwrap();
+    let response = client.execute(&action_digest, false, &ctx()).await.unwrap();
+    assert_eq!(response.result.unwrap().exit_code, 0);
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_and_permanent_ones_are_not() {
+    let server = Server::start(&[
+        "--max-batch-bytes",
+        "2048",
+        "--fault-fail",
+        "GetCapabilities=UNAVAILABLE:1",
+        "--fault-fail",
+        "FindMissingBlobs=UNAVAILABLE:2",
+        "--fault-fail",
+        "BatchUpdateBlobs=RESOURCE_EXHAUSTED:1",
+        "--fault-fail",
+        "ByteStream.Write=UNAVAILABLE:1",
+        "--fault-fail",
+        "ByteStream.Read=UNAVAILABLE:1",
+        "--fault-fail",
+        "Execute=UNAVAILABLE:1",
+        "--fault-fail",
+        "GetActionResult=PERMISSION_DENIED:1",
+    ])
+    .await;
+    let client = connect(&server).await;
+    assert_eq!(client.stats().rpc_retries, 1, "GetCapabilities was retried");
+
+    let small = data(500, 1);
+    let large = data(300_000, 2);
+    let blobs = vec![
+        Blob::from_bytes(small.clone()),
+        Blob::from_bytes(large.clone()),
+    ];
+    assert_eq!(client.upload_missing(blobs, &ctx()).await.unwrap(), 2);
+    assert_eq!(
+        client
+            .download(&digest::of_bytes(&large), &ctx())
+            .await
+            .unwrap(),
+        large
+    );
+    assert_eq!(client.stats().rpc_retries, 1 + 2 + 1 + 1 + 1);
+
+    let (action_digest, blobs) = action("true", &[], &[]);
+    client.upload_missing(blobs, &ctx()).await.unwrap();
+    client.execute(&action_digest, false, &ctx()).await.unwrap();
+    assert_eq!(client.stats().rpc_retries, 7);
+
+    let err = client
+        .get_action_result(&action_digest, false, &ctx())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
+    assert!(!err.is_infrastructure());
+    assert_eq!(
+        client.stats().rpc_retries,
+        7,
+        "a permanent failure is not retried"
+    );
+    assert!(
+        client
+            .get_action_result(&action_digest, false, &ctx())
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn retries_are_bounded() {
+    let server = Server::start(&["--fault-fail", "FindMissingBlobs=UNAVAILABLE:100"]).await;
+    let mut opts = options(&server);
+    opts.max_retries = 2;
+    let client = Client::connect(&opts).await.unwrap();
+    let err = client
+        .find_missing(&[digest::of_bytes(b"x")], &ctx())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::Unavailable));
+    assert!(err.is_infrastructure());
+    assert!(err.to_string().contains("(after 2 retries)"), "{err}");
+    assert!(err.to_string().contains(&opts.endpoint), "{err}");
+}
+
+#[tokio::test]
+async fn execute_reattaches_after_a_dropped_stream() {
+    let server = Server::start(&["--fault-drop-execute-stream", "1"]).await;
+    let client = connect(&server).await;
+    let (action_digest, blobs) = action("sleep 0.5; echo late > out", &[], &["out"]);
+    client.upload_missing(blobs, &ctx()).await.unwrap();
+    let response = client.execute(&action_digest, false, &ctx()).await.unwrap();
+    let result = response.result.unwrap();
+    assert_eq!(
+        client
+            .download(output(&result, "out").digest.as_ref().unwrap(), &ctx())
+            .await
+            .unwrap(),
+        b"late\n"
+    );
+    assert_eq!(client.stats().rpc_retries, 1);
+}
+
+#[tokio::test]
+async fn execute_runs_again_when_the_operation_is_forgotten() {
+    let server = Server::start(&[
+        "--fault-drop-execute-stream",
+        "1",
+        "--fault-fail",
+        "WaitExecution=NOT_FOUND:1",
+    ])
+    .await;
+    let client = connect(&server).await;
+    let (action_digest, blobs) = action("echo again > out", &[], &["out"]);
+    client.upload_missing(blobs, &ctx()).await.unwrap();
+    let response = client.execute(&action_digest, false, &ctx()).await.unwrap();
+    assert_eq!(response.result.unwrap().exit_code, 0);
+    assert_eq!(
+        client.stats().rpc_retries,
+        2,
+        "one re-attach, one new Execute"
+    );
+}
+
+#[tokio::test]
+async fn corrupt_reads_are_read_again_once() {
+    for (reads, batch) in [(1, true), (2, true), (1, false), (2, false)] {
+        let reads = reads.to_string();
+        let server =
+            Server::start(&["--max-batch-bytes", "1024", "--fault-corrupt-reads", &reads]).await;
+        let client = connect(&server).await;
+        let blob = data(if batch { 100 } else { 50_000 }, 3);
+        let d = digest::of_bytes(&blob);
+        client
+            .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        let result = client.download_to_file(&d, &path, &ctx()).await;
+        if reads == "1" {
+            result.unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), blob);
+        } else {
+            let err = result.unwrap_err();
+            assert!(matches!(err, ReapiError::Integrity { .. }), "{err}");
+            assert!(err.is_infrastructure());
+            assert!(!path.exists(), "a corrupt download leaves no file");
+        }
+    }
+}
+
+#[tokio::test]
+async fn unix_socket_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("re.sock");
+    let listen = format!("unix://{}", socket.display());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
+        .args(["serve", "--listen", &listen])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn serve");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).await.unwrap();
+    assert_eq!(line.trim(), format!("listening on {listen}"));
+
+    let client = Client::connect(&ConnectionOptions::new(listen))
+        .await
+        .expect("connect over unix socket");
+    let blob = data(1000, 4);
+    client
+        .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
+        .await
+        .unwrap();
+    assert_eq!(
+        client
+            .download(&digest::of_bytes(&blob), &ctx())
+            .await
+            .unwrap(),
+        blob
+    );
+}
+
+#[tokio::test]
+async fn configuration_errors_are_clear() {
+    let server = Server::start(&[]).await;
+    let mut opts = options(&server);
+    opts.headers = vec![(
+        "x-api-key".into(),
+        "env:DTLTO_REAPI_TEST_SURELY_UNSET".into(),
+    )];
+    let err = Client::connect(&opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("DTLTO_REAPI_TEST_SURELY_UNSET") && err.contains("x-api-key"),
+        "{err}"
+    );
+
+    // Extra headers reach the server without upsetting it.
+    opts.headers = vec![("x-api-key".into(), "plain-value".into())];
+    Client::connect(&opts).await.expect("connect with a header");
+
+    // A server that is not there: UNAVAILABLE after the retries, naming the endpoint.
+    let mut opts = ConnectionOptions::new("grpc://127.0.0.1:9");
+    opts.max_retries = 1;
+    let err = Client::connect(&opts).await.unwrap_err();
+    assert_eq!(err.code(), Some(Code::Unavailable), "{err}");
+    assert!(
+        err.is_infrastructure() && err.to_string().contains("127.0.0.1:9"),
+        "{err}"
+    );
+}
