@@ -1,17 +1,49 @@
-use clap::Parser;
+//! The `dtlto-reapi` binary: parses the command line and hands over to the library.
 
-/// `dtlto-reapi serve`: parsed apart until the full command line lands.
-#[derive(Parser)]
-#[command(name = "dtlto-reapi serve")]
-struct Serve {
-    #[command(flatten)]
-    args: dtlto_reapi::server::ServeArgs,
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches};
+use dtlto_reapi::cli::{Cli, Command};
+use dtlto_reapi::{config, driver, server};
+
+fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    match cli.command {
+        Some(Command::Serve(args)) => report(server::run(args)),
+        Some(Command::Config(args)) => {
+            let sub = matches.subcommand().map_or(&matches, |(_, m)| m);
+            report(
+                config::resolve(&args.settings, sub)
+                    .and_then(|r| r.report())
+                    .map(|text| print!("{text}")),
+            )
+        }
+        None => {
+            let Some(job_file) = cli.job_file else {
+                eprintln!(
+                    "dtlto-reapi: error: no job file given (usage: dtlto-reapi [OPTIONS] <JOB_FILE>; see --help)"
+                );
+                return ExitCode::from(2);
+            };
+            match config::resolve(&cli.settings, &matches) {
+                Ok(resolved) => driver::distribute(&job_file, &resolved.settings),
+                Err(e) => report(Err(e)),
+            }
+        }
+    }
 }
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("serve") {
-        return dtlto_reapi::server::run(Serve::parse_from(&args[1..]).args);
+/// Exit status and one error line for the subcommands.
+fn report(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dtlto-reapi: error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
-    Ok(())
 }

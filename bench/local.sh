@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Local-mode benchmark: how much does dtlto-reapi cost over the least a parallel distributor can do?
+#
+# Generates a C project (bench/gen_project.py; default 300 modules with real work in each), compiles it
+# once with -flto=thin, then times three links of it, interleaved round by round so that a change of
+# machine load hits every variant alike (best of RUNS, after one warm-up round):
+#   1. in-process ThinLTO          -Wl,--thinlto-jobs=N
+#   2. bench/minimal_distributor.py --jobs=N   (the baseline)
+#   3. dtlto-reapi --jobs=N (local mode)
+# and prints a table of seconds and ratios to (2). Everything goes to bench/out/local/ (gitignored).
+#
+# Environment: MODULES (300), FUNCTIONS per module (16), JOBS (nproc), RUNS (3).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+modules=${MODULES:-300}
+functions=${FUNCTIONS:-16}
+jobs=${JOBS:-$(nproc)}
+runs=${RUNS:-3}
+out=$root/bench/out/local
+project=$out/project
+say() { echo "bench/local.sh: $*" >&2; }
+
+say "building dtlto-reapi (release)"
+cargo build --release --quiet --manifest-path "$root/Cargo.toml"
+distributor=$target/release/dtlto-reapi
+toolchain=$("$root/scripts/toolchain.sh")
+CLANG=$(sed -n 's/^CLANG=//p' <<<"$toolchain")
+LLD=$(sed -n 's/^LLD=//p' <<<"$toolchain")
+
+say "generating $modules modules x $functions functions in $project"
+rm -rf "$out"
+python3 "$root/bench/gen_project.py" "$project" "$modules" "$functions"
+cd "$project"
+say "compiling with -flto=thin ($jobs at a time)"
+printf '%s\n' *.c | xargs -P "$jobs" -n 1 sh -c \
+    'exec "$0" --target=x86_64-linux-gnu -O2 -flto=thin -c "$1" -o "${1%.c}.o"' "$CLANG"
+printf '%s\n' *.o >inputs.rsp
+
+link=(--target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp)
+dtlto=("-Wl,--thinlto-remote-compiler=$CLANG" "-Xthinlto-distributor=--jobs=$jobs")
+variant_names=(in-process minimal dtlto-reapi)
+link_variant() { # name
+    case $1 in
+    in-process) "$CLANG" "${link[@]}" -o in-process "-Wl,--thinlto-jobs=$jobs" ;;
+    minimal) "$CLANG" "${link[@]}" -o minimal "${dtlto[@]}" \
+        "-fthinlto-distributor=$root/bench/minimal_distributor.py" ;;
+    dtlto-reapi) "$CLANG" "${link[@]}" -o dtlto-reapi "${dtlto[@]}" "-fthinlto-distributor=$distributor" ;;
+    esac
+}
+
+say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
+: >"$out/times.tsv"
+for round in $(seq 0 "$runs"); do
+    for name in "${variant_names[@]}"; do
+        start=$EPOCHREALTIME
+        link_variant "$name" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
+        end=$EPOCHREALTIME
+        # Round 0 warms the page cache and is not counted.
+        [[ $round == 0 ]] || printf '%s\t%s\t%s\n' "$name" "$start" "$end" >>"$out/times.tsv"
+    done
+    [[ $round == 0 ]] || say "round $round of $runs done"
+done
+say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+expected=$(./in-process)
+for name in minimal dtlto-reapi; do
+    [[ $(./"$name") == "$expected" ]] || { say "$name printed something else than in-process"; exit 1; }
+done
+
+echo "$modules modules x $functions functions, N=$jobs, best of $runs (mean in parentheses)"
+python3 - "$out/times.tsv" <<'PY'
+import sys, collections
+times = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    name, start, end = line.split()
+    times[name].append(float(end) - float(start))
+base = min(times["minimal"])
+print(f"{'variant':<14}{'best s':>9}{'mean s':>9}{'best / minimal':>16}")
+for name in ("in-process", "minimal", "dtlto-reapi"):
+    t = times[name]
+    print(f"{name:<14}{min(t):>9.2f}{sum(t) / len(t):>9.2f}{min(t) / base:>16.3f}")
+PY

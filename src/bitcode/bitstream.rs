@@ -1,0 +1,1069 @@
+//! The LLVM bitstream container, independent of what the records mean: a bit reader and writer, abbreviation
+//! definitions (fixed, VBR, array, char6, blob operands), BLOCKINFO, and a cursor that walks blocks and
+//! records one item at a time, skipping the blocks its caller does not enter by their length words.
+//!
+//! Everything read from the stream is untrusted: every length is checked against the input left before
+//! anything is allocated, nesting depth and abbreviation sizes are bounded, and every loop consumes input,
+//! so any byte string ends in a result or a [`BitcodeError`] in time proportional to its length.
+//! Positions are absolute bit offsets in the buffer the stream lives in; 32-bit alignment is relative to
+//! the stream's first byte, as in LLVM.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::rc::Rc;
+
+use super::BitcodeError;
+
+/// Abbreviation IDs with a fixed meaning in every block.
+const END_BLOCK: u64 = 0;
+const ENTER_SUBBLOCK: u64 = 1;
+const DEFINE_ABBREV: u64 = 2;
+const UNABBREV_RECORD: u64 = 3;
+/// The first ID an abbreviation definition gets.
+const FIRST_DEFINED_ABBREV: u64 = 4;
+
+/// The block that defines abbreviations for other blocks, and its record naming the block they are for.
+pub(crate) const BLOCKINFO_BLOCK_ID: u64 = 0;
+const BLOCKINFO_CODE_SETBID: u64 = 1;
+
+/// Abbreviation ID width outside every block.
+const TOP_LEVEL_ABBREV_WIDTH: u32 = 2;
+/// Deeper nesting than this is refused (LLVM itself nests a handful of levels).
+const MAX_DEPTH: usize = 64;
+/// Operands per abbreviation; LLVM's own have a dozen at most. Bounding this keeps the work per record
+/// proportional to the bits it occupies even for abbreviations made only of literals.
+const MAX_ABBREV_OPS: u64 = 256;
+/// Outside every block, fewer bytes than the smallest possible block are trailing padding (LLVM tolerates
+/// the same, e.g. from archivers that pad members).
+const MIN_BLOCK_BYTES: u64 = 12;
+
+fn malformed(at: u64, what: impl Into<String>) -> BitcodeError {
+    BitcodeError::Malformed {
+        at,
+        what: what.into(),
+    }
+}
+
+fn unsupported(at: u64, what: impl Into<String>) -> BitcodeError {
+    BitcodeError::Unsupported {
+        at,
+        what: what.into(),
+    }
+}
+
+/// Reads fields of up to 64 bits, least significant bit first, from `data[start..end]`.
+#[derive(Clone)]
+pub(crate) struct BitReader<'a> {
+    data: &'a [u8],
+    start: u64,
+    pos: u64,
+    end: u64,
+}
+
+impl<'a> BitReader<'a> {
+    /// A reader of `data[range]`, positioned at its start. `range` must lie inside `data`.
+    pub(crate) fn new(data: &'a [u8], range: Range<usize>) -> Self {
+        let end = (range.end.min(data.len()) as u64) * 8;
+        let start = (range.start as u64 * 8).min(end);
+        BitReader {
+            data,
+            start,
+            pos: start,
+            end,
+        }
+    }
+
+    pub(crate) fn pos(&self) -> u64 {
+        self.pos
+    }
+
+    fn remaining(&self) -> u64 {
+        self.end - self.pos
+    }
+
+    fn need(&self, bits: u64) -> Result<(), BitcodeError> {
+        if bits > self.remaining() {
+            return Err(BitcodeError::Truncated {
+                at: self.pos,
+                needed: bits - self.remaining(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A fixed-width field; `width` is at most 64.
+    pub(crate) fn read(&mut self, width: u32) -> Result<u64, BitcodeError> {
+        self.need(u64::from(width))?;
+        let mut value = 0u64;
+        let mut got = 0;
+        while got < width {
+            let byte = *self
+                .data
+                .get((self.pos / 8) as usize)
+                .ok_or(BitcodeError::Truncated {
+                    at: self.pos,
+                    needed: 8,
+                })?;
+            let bit = (self.pos % 8) as u32;
+            let take = (8 - bit).min(width - got);
+            let chunk = (u64::from(byte) >> bit) & ((1u64 << take) - 1);
+            value |= chunk << got;
+            got += take;
+            self.pos += u64::from(take);
+        }
+        Ok(value)
+    }
+
+    /// A variable-width field in chunks of `width` bits (2 to 64), the top bit of each meaning "more follows".
+    pub(crate) fn read_vbr(&mut self, width: u32) -> Result<u64, BitcodeError> {
+        let at = self.pos;
+        let more = 1u64 << (width - 1);
+        let mut value = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let chunk = self.read(width)?;
+            let bits = chunk & (more - 1);
+            if bits != 0 {
+                if shift > bits.leading_zeros() {
+                    return Err(malformed(at, "VBR value does not fit in 64 bits"));
+                }
+                value |= bits << shift;
+            }
+            if chunk & more == 0 {
+                return Ok(value);
+            }
+            // Zero continuation chunks are legal; each one consumes input, so this ends.
+            shift = shift.saturating_add(width - 1);
+        }
+    }
+
+    /// Skips to the next multiple of 32 bits from the stream's start.
+    pub(crate) fn align32(&mut self) -> Result<(), BitcodeError> {
+        let aligned = self.start + (self.pos - self.start).div_ceil(32) * 32;
+        self.need(aligned - self.pos)?;
+        self.pos = aligned;
+        Ok(())
+    }
+
+    /// `len` whole bytes; the reader must be at a byte boundary.
+    fn read_bytes(&mut self, len: u64) -> Result<&'a [u8], BitcodeError> {
+        self.need(len.saturating_mul(8))?;
+        let first = (self.pos / 8) as usize;
+        let bytes = self
+            .data
+            .get(first..first + len as usize)
+            .ok_or(BitcodeError::Truncated {
+                at: self.pos,
+                needed: len * 8,
+            })?;
+        self.pos += len * 8;
+        Ok(bytes)
+    }
+
+    fn seek(&mut self, pos: u64) {
+        self.pos = pos.clamp(self.start, self.end);
+    }
+}
+
+/// Appends fields least significant bit first; the first bit written is aligned for `align32`.
+#[derive(Default)]
+pub(crate) struct BitWriter {
+    bytes: Vec<u8>,
+    bits: u64,
+}
+
+impl BitWriter {
+    /// Writes the low `width` bits of `value` (`width` at most 64; higher bits must be zero).
+    pub(crate) fn write(&mut self, value: u64, width: u32) {
+        let mut done = 0;
+        while done < width {
+            let bit = (self.bits % 8) as u32;
+            if bit == 0 {
+                self.bytes.push(0);
+            }
+            let take = (8 - bit).min(width - done);
+            let chunk = (value >> done) & ((1u64 << take) - 1);
+            if let Some(last) = self.bytes.last_mut() {
+                *last |= (chunk as u8) << bit;
+            }
+            done += take;
+            self.bits += u64::from(take);
+        }
+    }
+
+    pub(crate) fn write_vbr(&mut self, mut value: u64, width: u32) {
+        let more = 1u64 << (width - 1);
+        while value >= more {
+            self.write((value & (more - 1)) | more, width);
+            value >>= width - 1;
+        }
+        self.write(value, width);
+    }
+
+    pub(crate) fn align32(&mut self) {
+        let pad = self.bits.next_multiple_of(32) - self.bits;
+        self.write(0, pad as u32);
+    }
+
+    fn write_bytes(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write(u64::from(byte), 8);
+        }
+    }
+
+    /// Copies the bits `range` of a stream verbatim.
+    pub(crate) fn copy(
+        &mut self,
+        from: &BitReader<'_>,
+        range: Range<u64>,
+    ) -> Result<(), BitcodeError> {
+        let mut reader = from.clone();
+        reader.seek(range.start);
+        let mut left = range.end.saturating_sub(range.start);
+        while left > 0 {
+            let width = left.min(64) as u32;
+            self.write(reader.read(width)?, width);
+            left -= u64::from(width);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// One operand of an abbreviation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Literal(u64),
+    Fixed(u32),
+    Vbr(u32),
+    /// A VBR6 count, then that many values encoded as the operand that follows.
+    Array,
+    Char6,
+    /// A VBR6 byte count, 32-bit alignment, the bytes, 32-bit alignment.
+    Blob,
+}
+
+/// A validated abbreviation: scalars, optionally ending in `Array, element` or `Blob`; the first operand
+/// (the record code) is a scalar.
+pub(crate) type Abbrev = Rc<[Op]>;
+
+const CHAR6: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._";
+
+fn char6_code(value: u64) -> Option<u64> {
+    let byte = u8::try_from(value).ok()?;
+    CHAR6.iter().position(|&c| c == byte).map(|i| i as u64)
+}
+
+/// Splits an abbreviation into its scalar operands and its tail (`[]`, `[Array, element]` or `[Blob]`).
+fn split_tail(ops: &[Op]) -> (&[Op], &[Op]) {
+    let scalars = ops
+        .iter()
+        .take_while(|op| !matches!(op, Op::Array | Op::Blob))
+        .count();
+    ops.split_at(scalars)
+}
+
+fn read_abbrev(r: &mut BitReader<'_>) -> Result<Abbrev, BitcodeError> {
+    let at = r.pos();
+    let count = r.read_vbr(5)?;
+    if count == 0 || count > MAX_ABBREV_OPS {
+        return Err(unsupported(
+            at,
+            format!("abbreviation with {count} operands"),
+        ));
+    }
+    let mut ops = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        if r.read(1)? == 1 {
+            ops.push(Op::Literal(r.read_vbr(8)?));
+            continue;
+        }
+        let op_at = r.pos();
+        ops.push(match r.read(3)? {
+            encoding @ (1 | 2) => {
+                let width = r.read_vbr(5)?;
+                // A zero-width field always reads as zero: LLVM turns it into a literal too.
+                match (encoding, width) {
+                    (_, 0) => Op::Literal(0),
+                    (1, 1..=64) => Op::Fixed(width as u32),
+                    (2, 2..=64) => Op::Vbr(width as u32),
+                    _ => {
+                        return Err(unsupported(
+                            op_at,
+                            format!("abbreviation operand of width {width}"),
+                        ));
+                    }
+                }
+            }
+            3 => Op::Array,
+            4 => Op::Char6,
+            5 => Op::Blob,
+            other => {
+                return Err(malformed(
+                    op_at,
+                    format!("abbreviation operand encoding {other}"),
+                ));
+            }
+        });
+    }
+    let (scalars, tail) = split_tail(&ops);
+    let tail_ok = match tail {
+        [] | [Op::Blob] => true,
+        [Op::Array, element] => matches!(element, Op::Fixed(_) | Op::Vbr(_) | Op::Char6),
+        _ => false,
+    };
+    if scalars.is_empty() || !tail_ok {
+        return Err(malformed(at, format!("invalid abbreviation {ops:?}")));
+    }
+    Ok(ops.into())
+}
+
+fn read_scalar(r: &mut BitReader<'_>, op: Op) -> Result<u64, BitcodeError> {
+    match op {
+        Op::Literal(value) => Ok(value),
+        Op::Fixed(width) => r.read(width),
+        Op::Vbr(width) => r.read_vbr(width),
+        Op::Char6 => Ok(u64::from(CHAR6[r.read(6)? as usize])),
+        // `split_tail` keeps arrays and blobs out of the scalars.
+        Op::Array | Op::Blob => Err(malformed(r.pos(), "array or blob used as a scalar")),
+    }
+}
+
+/// The fewest bits one value encoded as `op` takes, to bound an array count by the input left.
+fn min_bits(op: Op) -> u64 {
+    match op {
+        Op::Fixed(width) | Op::Vbr(width) => u64::from(width),
+        Op::Char6 => 6,
+        Op::Literal(_) | Op::Array | Op::Blob => 0,
+    }
+}
+
+/// A record: its code and operands, and its blob if its abbreviation has one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The record code, then the operands.
+    pub(crate) fields: Vec<u64>,
+    pub(crate) blob: Option<Vec<u8>>,
+}
+
+impl Record {
+    pub(crate) fn code(&self) -> u64 {
+        self.fields.first().copied().unwrap_or_default()
+    }
+
+    pub(crate) fn operands(&self) -> &[u64] {
+        self.fields.get(1..).unwrap_or_default()
+    }
+}
+
+fn read_unabbreviated(r: &mut BitReader<'_>) -> Result<Record, BitcodeError> {
+    let code = r.read_vbr(6)?;
+    let count = r.read_vbr(6)?;
+    r.need(count.saturating_mul(6))?;
+    let mut fields = Vec::with_capacity(count as usize + 1);
+    fields.push(code);
+    for _ in 0..count {
+        fields.push(r.read_vbr(6)?);
+    }
+    Ok(Record { fields, blob: None })
+}
+
+fn read_abbreviated(r: &mut BitReader<'_>, abbrev: &[Op]) -> Result<Record, BitcodeError> {
+    let (scalars, tail) = split_tail(abbrev);
+    let mut fields = Vec::with_capacity(scalars.len());
+    for &op in scalars {
+        fields.push(read_scalar(r, op)?);
+    }
+    let mut blob = None;
+    match *tail {
+        [Op::Array, element] => {
+            let count = r.read_vbr(6)?;
+            r.need(count.saturating_mul(min_bits(element)))?;
+            fields.reserve(count as usize);
+            for _ in 0..count {
+                fields.push(read_scalar(r, element)?);
+            }
+        }
+        [Op::Blob] => {
+            let len = r.read_vbr(6)?;
+            r.align32()?;
+            blob = Some(r.read_bytes(len)?.to_vec());
+            r.align32()?;
+        }
+        _ => {}
+    }
+    Ok(Record { fields, blob })
+}
+
+fn scalar_fits(op: Op, value: u64) -> bool {
+    match op {
+        Op::Literal(literal) => value == literal,
+        Op::Fixed(width) => width == 64 || value >> width == 0,
+        Op::Vbr(_) => true,
+        Op::Char6 => char6_code(value).is_some(),
+        Op::Array | Op::Blob => false,
+    }
+}
+
+fn fits(abbrev: &[Op], fields: &[u64], blob: Option<&[u8]>) -> bool {
+    let (scalars, tail) = split_tail(abbrev);
+    let (head, rest) = fields.split_at(scalars.len().min(fields.len()));
+    let tail_fits = match *tail {
+        [] => rest.is_empty() && blob.is_none(),
+        [Op::Array, element] => blob.is_none() && rest.iter().all(|&v| scalar_fits(element, v)),
+        [Op::Blob] => rest.is_empty() && blob.is_some(),
+        _ => false,
+    };
+    head.len() == scalars.len()
+        && scalars.iter().zip(head).all(|(&op, &v)| scalar_fits(op, v))
+        && tail_fits
+}
+
+fn write_scalar(w: &mut BitWriter, op: Op, value: u64) {
+    match op {
+        Op::Fixed(width) => w.write(value, width),
+        Op::Vbr(width) => w.write_vbr(value, width),
+        Op::Char6 => w.write(char6_code(value).unwrap_or_default(), 6),
+        Op::Literal(_) | Op::Array | Op::Blob => {}
+    }
+}
+
+/// Writes a record with abbreviation `id` (`ops`), which it fits.
+fn write_abbreviated(
+    w: &mut BitWriter,
+    width: u32,
+    id: u64,
+    ops: &[Op],
+    fields: &[u64],
+    blob: Option<&[u8]>,
+) {
+    w.write(id, width);
+    let (scalars, tail) = split_tail(ops);
+    for (&op, &value) in scalars.iter().zip(fields) {
+        write_scalar(w, op, value);
+    }
+    let rest = fields.get(scalars.len()..).unwrap_or_default();
+    match (tail, blob) {
+        ([Op::Array, element], _) => {
+            w.write_vbr(rest.len() as u64, 6);
+            for &value in rest {
+                write_scalar(w, *element, value);
+            }
+        }
+        ([Op::Blob], Some(bytes)) => {
+            w.write_vbr(bytes.len() as u64, 6);
+            w.align32();
+            w.write_bytes(bytes);
+            w.align32();
+        }
+        _ => {}
+    }
+}
+
+/// Writes a record in a block whose abbreviation IDs are `width` bits wide and whose abbreviations are
+/// `abbrevs` (in ID order): with the one that fits it in the fewest bits, as LLVM's writers choose (e.g.
+/// char6 over 7-bit over 8-bit characters), unabbreviated if none fits. Only a blob needs an abbreviation.
+pub(crate) fn write_record(
+    w: &mut BitWriter,
+    width: u32,
+    abbrevs: &[Abbrev],
+    fields: &[u64],
+    blob: Option<&[u8]>,
+) -> Result<(), BitcodeError> {
+    let mut best: Option<(u64, &Abbrev, u64)> = None;
+    for (id, ops) in (FIRST_DEFINED_ABBREV..).zip(abbrevs) {
+        if id >> width != 0 || !fits(ops, fields, blob) {
+            continue;
+        }
+        let mut scratch = BitWriter::default();
+        write_abbreviated(&mut scratch, width, id, ops, fields, blob);
+        // Ties go to the later one: LLVM defines its string abbreviations widest first (8-bit, 7-bit,
+        // char6) and writes an empty string as char6.
+        if best.is_none_or(|(_, _, bits)| scratch.bits <= bits) {
+            best = Some((id, ops, scratch.bits));
+        }
+    }
+    if let Some((id, ops, _)) = best {
+        write_abbreviated(w, width, id, ops, fields, blob);
+        return Ok(());
+    }
+    let (&code, operands) = fields
+        .split_first()
+        .ok_or_else(|| unsupported(w.bits, "a record without a code"))?;
+    if blob.is_some() {
+        return Err(unsupported(w.bits, "a blob without an abbreviation for it"));
+    }
+    w.write(UNABBREV_RECORD, width);
+    w.write_vbr(code, 6);
+    w.write_vbr(operands.len() as u64, 6);
+    for &value in operands {
+        w.write_vbr(value, 6);
+    }
+    Ok(())
+}
+
+/// Ends a block whose abbreviation IDs are `width` bits wide.
+pub(crate) fn write_end_block(w: &mut BitWriter, width: u32) {
+    w.write(END_BLOCK, width);
+    w.align32();
+}
+
+/// A sub-block the cursor has just read the header of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BlockHeader {
+    pub(crate) id: u64,
+    /// Abbreviation ID width inside the block.
+    pub(crate) width: u32,
+    /// Byte offset of the block's length word (its size in 32-bit words, after that word).
+    pub(crate) len_word_at: usize,
+    /// Byte range of the body: everything after the length word, up to and including END_BLOCK.
+    pub(crate) body: Range<usize>,
+}
+
+/// One step of a walk through the stream.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Item {
+    /// A sub-block starts; the cursor skips it unless [`Cursor::enter`] is called before the next step.
+    Block(BlockHeader),
+    /// The current block ends.
+    End,
+    /// An abbreviation was defined for the current block (or, in BLOCKINFO, for another one).
+    DefineAbbrev(Abbrev),
+    Record(Record),
+}
+
+struct Scope {
+    id: u64,
+    width: u32,
+    end: u64,
+    /// How many of BLOCKINFO's abbreviations for this block ID existed on entry: they come first.
+    inherited: usize,
+    local: Vec<Abbrev>,
+}
+
+/// Walks a stream item by item, tracking abbreviations, BLOCKINFO and the enclosing blocks.
+pub(crate) struct Cursor<'a> {
+    reader: BitReader<'a>,
+    scopes: Vec<Scope>,
+    blockinfo: HashMap<u64, Vec<Abbrev>>,
+    /// The block ID the current BLOCKINFO block is defining abbreviations for.
+    setbid: Option<u64>,
+    pending: Option<BlockHeader>,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `data[range]`: the first bit after the 'BC' 0xC0DE magic.
+    pub(crate) fn new(data: &'a [u8], range: Range<usize>) -> Self {
+        Cursor {
+            reader: BitReader::new(data, range),
+            scopes: Vec::new(),
+            blockinfo: HashMap::new(),
+            setbid: None,
+            pending: None,
+        }
+    }
+
+    /// The abbreviations of the innermost block so far, in ID order.
+    pub(crate) fn abbrevs(&self) -> Vec<Abbrev> {
+        let Some(scope) = self.scopes.last() else {
+            return Vec::new();
+        };
+        let inherited = self
+            .blockinfo
+            .get(&scope.id)
+            .and_then(|all| all.get(..scope.inherited))
+            .unwrap_or_default();
+        inherited.iter().chain(&scope.local).cloned().collect()
+    }
+
+    /// The ID of the innermost block the cursor is in; `None` outside every block.
+    pub(crate) fn block_id(&self) -> Option<u64> {
+        self.scopes.last().map(|scope| scope.id)
+    }
+
+    /// The next item and the bits it occupied (for a block, its header up to the length word; for
+    /// END_BLOCK, with the alignment after it); `None` at the end of the stream.
+    pub(crate) fn next(&mut self) -> Result<Option<(Range<u64>, Item)>, BitcodeError> {
+        if let Some(skipped) = self.pending.take() {
+            self.reader.seek(skipped.body.end as u64 * 8);
+        }
+        let start = self.reader.pos();
+        if self.scopes.is_empty() && self.reader.remaining() < MIN_BLOCK_BYTES * 8 {
+            return Ok(None);
+        }
+        let width = self
+            .scopes
+            .last()
+            .map_or(TOP_LEVEL_ABBREV_WIDTH, |scope| scope.width);
+        let id = self.reader.read(width)?;
+        let item = match id {
+            ENTER_SUBBLOCK => self.read_block_header(start)?,
+            _ if self.scopes.is_empty() => {
+                return Err(malformed(
+                    start,
+                    format!("abbreviation ID {id} outside every block"),
+                ));
+            }
+            END_BLOCK => {
+                self.reader.align32()?;
+                let end = self.scopes.pop().map_or(0, |scope| scope.end);
+                if self.reader.pos() != end {
+                    return Err(malformed(
+                        start,
+                        format!("END_BLOCK, but the length word says the block ends at bit {end}"),
+                    ));
+                }
+                Item::End
+            }
+            DEFINE_ABBREV => {
+                let abbrev = read_abbrev(&mut self.reader)?;
+                self.define(start, abbrev.clone())?;
+                Item::DefineAbbrev(abbrev)
+            }
+            UNABBREV_RECORD => {
+                let record = read_unabbreviated(&mut self.reader)?;
+                self.record(record)?
+            }
+            _ => {
+                let abbrev = self
+                    .abbrev(id)
+                    .ok_or_else(|| malformed(start, format!("undefined abbreviation ID {id}")))?;
+                let record = read_abbreviated(&mut self.reader, &abbrev)?;
+                self.record(record)?
+            }
+        };
+        Ok(Some((start..self.reader.pos(), item)))
+    }
+
+    /// Enters the block the last [`Cursor::next`] returned.
+    pub(crate) fn enter(&mut self) -> Result<(), BitcodeError> {
+        let at = self.reader.pos();
+        let header = self
+            .pending
+            .take()
+            .ok_or_else(|| malformed(at, "no block to enter"))?;
+        if self.scopes.len() >= MAX_DEPTH {
+            return Err(unsupported(
+                at,
+                format!("blocks nested deeper than {MAX_DEPTH}"),
+            ));
+        }
+        if header.id == BLOCKINFO_BLOCK_ID {
+            self.setbid = None;
+        }
+        self.scopes.push(Scope {
+            id: header.id,
+            width: header.width,
+            end: header.body.end as u64 * 8,
+            inherited: self.blockinfo.get(&header.id).map_or(0, Vec::len),
+            local: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn read_block_header(&mut self, start: u64) -> Result<Item, BitcodeError> {
+        let id = self.reader.read_vbr(8)?;
+        let width = self.reader.read_vbr(4)?;
+        if !(1..=32).contains(&width) {
+            return Err(unsupported(
+                start,
+                format!("block {id} with abbreviation IDs {width} bits wide"),
+            ));
+        }
+        self.reader.align32()?;
+        let len_word_at = (self.reader.pos() / 8) as usize;
+        let words = self.reader.read(32)?;
+        let body_start = self.reader.pos();
+        let limit = self
+            .scopes
+            .last()
+            .map_or(self.reader.end, |scope| scope.end);
+        if words * 32 > limit.saturating_sub(body_start) {
+            return Err(malformed(
+                start,
+                format!("block {id} of {words} words runs past its enclosing block"),
+            ));
+        }
+        let header = BlockHeader {
+            id,
+            width: width as u32,
+            len_word_at,
+            body: (body_start / 8) as usize..((body_start + words * 32) / 8) as usize,
+        };
+        self.pending = Some(header.clone());
+        Ok(Item::Block(header))
+    }
+
+    fn abbrev(&self, id: u64) -> Option<Abbrev> {
+        let scope = self.scopes.last()?;
+        let index = usize::try_from(id.checked_sub(FIRST_DEFINED_ABBREV)?).ok()?;
+        if index < scope.inherited {
+            self.blockinfo.get(&scope.id)?.get(index).cloned()
+        } else {
+            scope.local.get(index - scope.inherited).cloned()
+        }
+    }
+
+    fn define(&mut self, at: u64, abbrev: Abbrev) -> Result<(), BitcodeError> {
+        match self.scopes.last_mut() {
+            Some(scope) if scope.id == BLOCKINFO_BLOCK_ID => {
+                let target = self
+                    .setbid
+                    .ok_or_else(|| malformed(at, "abbreviation in BLOCKINFO before SETBID"))?;
+                self.blockinfo.entry(target).or_default().push(abbrev);
+            }
+            Some(scope) => scope.local.push(abbrev),
+            None => return Err(malformed(at, "abbreviation outside every block")),
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, record: Record) -> Result<Item, BitcodeError> {
+        if self.block_id() == Some(BLOCKINFO_BLOCK_ID) && record.code() == BLOCKINFO_CODE_SETBID {
+            let at = self.reader.pos();
+            self.setbid = Some(
+                *record
+                    .operands()
+                    .first()
+                    .ok_or_else(|| malformed(at, "SETBID without a block ID"))?,
+            );
+        }
+        Ok(Item::Record(record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes an ENTER_SUBBLOCK in a block with `outer`-bit abbreviation IDs; returns the length word's offset.
+    fn enter(w: &mut BitWriter, outer: u32, id: u64, width: u32) -> usize {
+        w.write(ENTER_SUBBLOCK, outer);
+        w.write_vbr(id, 8);
+        w.write_vbr(u64::from(width), 4);
+        w.align32();
+        let len_at = w.bytes.len();
+        w.write(0, 32);
+        len_at
+    }
+
+    fn end(w: &mut BitWriter, width: u32, len_at: usize) {
+        write_end_block(w, width);
+        let words = ((w.bytes.len() - len_at - 4) / 4) as u32;
+        w.bytes[len_at..len_at + 4].copy_from_slice(&words.to_le_bytes());
+    }
+
+    fn define(w: &mut BitWriter, width: u32, ops: &[Op]) {
+        w.write(DEFINE_ABBREV, width);
+        w.write_vbr(ops.len() as u64, 5);
+        for op in ops {
+            match *op {
+                Op::Literal(value) => {
+                    w.write(1, 1);
+                    w.write_vbr(value, 8);
+                }
+                Op::Fixed(width) | Op::Vbr(width) => {
+                    w.write(0, 1);
+                    w.write(if matches!(op, Op::Fixed(_)) { 1 } else { 2 }, 3);
+                    w.write_vbr(u64::from(width), 5);
+                }
+                Op::Array => w.write(3 << 1, 4),
+                Op::Char6 => w.write(4 << 1, 4),
+                Op::Blob => w.write(5 << 1, 4),
+            }
+        }
+    }
+
+    /// Every item of a stream, entering every block.
+    fn walk(bytes: &[u8]) -> Result<Vec<Item>, BitcodeError> {
+        let mut cursor = Cursor::new(bytes, 0..bytes.len());
+        let mut items = Vec::new();
+        while let Some((_, item)) = cursor.next()? {
+            if matches!(item, Item::Block(_)) {
+                cursor.enter()?;
+            }
+            items.push(item);
+        }
+        Ok(items)
+    }
+
+    fn records(items: &[Item]) -> Vec<Record> {
+        let record = |item: &Item| match item {
+            Item::Record(record) => Some(record.clone()),
+            _ => None,
+        };
+        items.iter().filter_map(record).collect()
+    }
+
+    fn record(fields: &[u64], blob: Option<&[u8]>) -> Record {
+        Record {
+            fields: fields.to_vec(),
+            blob: blob.map(<[u8]>::to_vec),
+        }
+    }
+
+    const NAME: [Op; 4] = [Op::Literal(7), Op::Vbr(4), Op::Array, Op::Char6];
+    const PAIR: [Op; 3] = [Op::Fixed(3), Op::Fixed(64), Op::Vbr(6)];
+    const BYTES: [Op; 3] = [Op::Literal(9), Op::Array, Op::Fixed(8)];
+    const BLOB: [Op; 2] = [Op::Literal(4), Op::Blob];
+
+    fn abbrevs(list: &[&[Op]]) -> Vec<Abbrev> {
+        list.iter().map(|&ops| ops.into()).collect()
+    }
+
+    /// Records for block 9 of `sample`, each fitting one of its abbreviations.
+    const SAMPLE_RECORDS: [(&[u64], Option<&[u8]>); 6] = [
+        (
+            &[
+                7,
+                1 << 40,
+                b'a' as u64,
+                b'Z' as u64,
+                b'0' as u64,
+                b'.' as u64,
+                b'_' as u64,
+            ],
+            None,
+        ),
+        (&[7, 0], None),
+        (&[5, u64::MAX, 123_456_789_012], None),
+        (&[9, 0, 127, 128, 255], None),
+        (&[4], Some(b"hello, blob")),
+        (&[4], Some(b"")),
+    ];
+
+    /// A module-like block with a BLOCKINFO giving block 9 an abbreviation, and a block 9 that defines more.
+    fn sample() -> Vec<u8> {
+        let mut w = BitWriter::default();
+        let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 3);
+        write_record(&mut w, 3, &[], &[1, 2], None).unwrap();
+        let info = enter(&mut w, 3, BLOCKINFO_BLOCK_ID, 2);
+        write_record(&mut w, 2, &[], &[BLOCKINFO_CODE_SETBID, 9], None).unwrap();
+        define(&mut w, 2, &NAME);
+        end(&mut w, 2, info);
+        let inner = enter(&mut w, 3, 9, 4);
+        define(&mut w, 4, &PAIR);
+        define(&mut w, 4, &BYTES);
+        define(&mut w, 4, &BLOB);
+        let in_scope = abbrevs(&[&NAME, &PAIR, &BYTES, &BLOB]);
+        for (fields, blob) in SAMPLE_RECORDS {
+            let before = w.bits;
+            write_record(&mut w, 4, &in_scope, fields, blob).unwrap();
+            // Abbreviated: an unabbreviated record would start with ID 3.
+            assert_ne!(
+                BitReader::new(&w.bytes, 0..w.bytes.len()).tap_read(before, 4),
+                UNABBREV_RECORD
+            );
+        }
+        end(&mut w, 4, inner);
+        end(&mut w, 3, outer);
+        w.into_bytes()
+    }
+
+    impl BitReader<'_> {
+        fn tap_read(mut self, at: u64, width: u32) -> u64 {
+            self.seek(at);
+            self.read(width).unwrap()
+        }
+    }
+
+    #[test]
+    fn round_trips_every_operand_kind_and_blockinfo() {
+        let bytes = sample();
+        let items = walk(&bytes).unwrap();
+        assert_eq!(
+            items[0],
+            Item::Block(BlockHeader {
+                id: 8,
+                width: 3,
+                len_word_at: 4,
+                body: 8..bytes.len()
+            })
+        );
+        let mut want = vec![
+            record(&[1, 2], None),
+            record(&[BLOCKINFO_CODE_SETBID, 9], None),
+        ];
+        want.extend(
+            SAMPLE_RECORDS
+                .iter()
+                .map(|&(fields, blob)| record(fields, blob)),
+        );
+        assert_eq!(records(&items), want);
+        let defined: Vec<&Item> = items
+            .iter()
+            .filter(|item| matches!(item, Item::DefineAbbrev(_)))
+            .collect();
+        assert_eq!(defined.len(), 4);
+        assert_eq!(items.iter().filter(|item| **item == Item::End).count(), 3);
+    }
+
+    #[test]
+    fn the_smallest_fitting_abbreviation_is_chosen() {
+        let chars = |bits| [Op::Literal(1), Op::Array, bits];
+        let in_scope = abbrevs(&[
+            &chars(Op::Fixed(8)),
+            &chars(Op::Fixed(7)),
+            &chars(Op::Char6),
+        ]);
+        for (text, id) in [("abc", 6), ("a/b", 5), ("\u{e9}", 4), ("", 6)] {
+            let mut fields = vec![1];
+            fields.extend(text.bytes().map(u64::from));
+            let mut w = BitWriter::default();
+            write_record(&mut w, 3, &in_scope, &fields, None).unwrap();
+            assert_eq!(
+                BitReader::new(&w.bytes, 0..w.bytes.len()).tap_read(0, 3),
+                id,
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn records_that_fit_no_abbreviation_are_written_unabbreviated() {
+        let unabbreviated = |fields: &[u64]| {
+            let mut w = BitWriter::default();
+            write_record(&mut w, 3, &[], fields, None).unwrap();
+            w.into_bytes()
+        };
+        // '/' is not a char6 character; 8 is not the literal code 7.
+        for fields in [&[7, 1, b'/' as u64][..], &[8, 1]] {
+            let mut w = BitWriter::default();
+            write_record(&mut w, 3, &abbrevs(&[&NAME]), fields, None).unwrap();
+            assert_eq!(w.into_bytes(), unabbreviated(fields));
+        }
+        // IDs beyond the block's abbreviation width cannot be used.
+        let mut w = BitWriter::default();
+        write_record(&mut w, 2, &abbrevs(&[&NAME]), &[7, 1], None).unwrap();
+        assert_eq!(w.bits, 2 + 6 * 3);
+        let mut w = BitWriter::default();
+        let err = write_record(&mut w, 3, &[], &[4], Some(b"x")).unwrap_err();
+        assert!(matches!(err, BitcodeError::Unsupported { .. }), "{err}");
+    }
+
+    #[test]
+    fn skipped_blocks_are_not_read() {
+        let bytes = sample();
+        let mut cursor = Cursor::new(&bytes, 0..bytes.len());
+        let mut ids = Vec::new();
+        while let Some((_, item)) = cursor.next().unwrap() {
+            if let Item::Block(header) = item {
+                ids.push(header.id);
+                if header.id == 8 {
+                    cursor.enter().unwrap();
+                }
+            }
+        }
+        // Block 9 uses BLOCKINFO's abbreviation; skipping BLOCKINFO and block 9 still walks the stream.
+        assert_eq!(ids, [8, BLOCKINFO_BLOCK_ID, 9]);
+    }
+
+    fn error(bytes: &[u8]) -> BitcodeError {
+        walk(bytes).unwrap_err()
+    }
+
+    #[test]
+    fn malformed_streams_are_errors_with_their_position() {
+        let good = sample();
+        for len in (12..good.len()).step_by(4) {
+            assert!(matches!(
+                error(&good[..len]),
+                BitcodeError::Truncated { .. } | BitcodeError::Malformed { .. }
+            ));
+        }
+        // A length word one word short: END_BLOCK is found past the end the word gives.
+        let mut short = good.clone();
+        short[4] -= 1;
+        assert!(matches!(error(&short), BitcodeError::Malformed { .. }));
+
+        let mut w = BitWriter::default();
+        let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 3);
+        w.write(4, 3);
+        end(&mut w, 3, outer);
+        assert_eq!(
+            error(&w.into_bytes()),
+            malformed(64, "undefined abbreviation ID 4")
+        );
+
+        let mut w = BitWriter::default();
+        let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 6);
+        w.write(UNABBREV_RECORD, 6);
+        w.write_vbr(1, 6);
+        w.write_vbr(1, 6);
+        for _ in 0..13 {
+            w.write(0x3f, 6);
+        }
+        w.write(1, 6);
+        end(&mut w, 6, outer);
+        assert_eq!(
+            error(&w.into_bytes()),
+            malformed(82, "VBR value does not fit in 64 bits")
+        );
+
+        let mut w = BitWriter::default();
+        let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 3);
+        define(&mut w, 3, &[Op::Array, Op::Fixed(8)]);
+        end(&mut w, 3, outer);
+        assert!(matches!(
+            error(&w.into_bytes()),
+            BitcodeError::Malformed { at: 67, .. }
+        ));
+
+        // A record outside every block.
+        assert_eq!(
+            error(&[3; 16]),
+            malformed(0, "abbreviation ID 3 outside every block")
+        );
+    }
+
+    #[test]
+    fn huge_counts_fail_before_allocating() {
+        let mut w = BitWriter::default();
+        let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 3);
+        w.write(UNABBREV_RECORD, 3);
+        w.write_vbr(1, 6);
+        w.write_vbr(u64::MAX, 6);
+        end(&mut w, 3, outer);
+        assert!(matches!(
+            error(&w.into_bytes()),
+            BitcodeError::Truncated { .. }
+        ));
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        let mut w = BitWriter::default();
+        let mut lens = vec![enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 2)];
+        for _ in 0..MAX_DEPTH {
+            lens.push(enter(&mut w, 2, 8, 2));
+        }
+        while let Some(len_at) = lens.pop() {
+            end(&mut w, 2, len_at);
+        }
+        assert!(matches!(
+            error(&w.into_bytes()),
+            BitcodeError::Unsupported { .. }
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_record_round_trips(code in 0u64..100, fields in proptest::collection::vec(proptest::num::u64::ANY, 0..20),
+                                  width in 3u32..8, use_abbrev: bool) {
+            let mut all = vec![code];
+            all.extend(fields.iter().map(|f| f >> (f % 64)));
+            let ops = [Op::Vbr(6), Op::Array, Op::Vbr(7)];
+            let in_scope = if use_abbrev { abbrevs(&[&ops]) } else { Vec::new() };
+            let mut w = BitWriter::default();
+            let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, width);
+            define(&mut w, width, &ops);
+            write_record(&mut w, width, &in_scope, &all, None).unwrap();
+            end(&mut w, width, outer);
+            let items = walk(&w.into_bytes()).unwrap();
+            proptest::prop_assert_eq!(records(&items), vec![record(&all, None)]);
+        }
+    }
+}

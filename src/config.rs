@@ -1,0 +1,266 @@
+//! Settings, layered: command line > `DTLTO_REAPI_<OPTION>` environment variables > TOML config file >
+//! defaults, with a record of where each effective value came from (`dtlto-reapi config`).
+//!
+//! clap reads the command line and the environment into [`SettingsArgs`] (all `Option`s); the config
+//! file deserializes into the same struct, so one list of fields serves all three layers and an
+//! unknown key in the file is an error naming it. Defaults are applied last, in [`Settings`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::cli::SettingsArgs;
+
+/// Where the backend compiles run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Processes on this machine.
+    Local,
+    /// Actions on a REAPI cluster.
+    Remote,
+    /// Local processes, results shared through a REAPI cache.
+    CacheOnly,
+}
+
+/// The effective settings, defaults applied.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Settings {
+    pub mode: Mode,
+    pub jobs: usize,
+    pub keep_going: bool,
+    pub quiet: bool,
+    pub verbose: bool,
+    pub stats_json: Option<PathBuf>,
+}
+
+impl Settings {
+    fn with_defaults(layers: SettingsArgs) -> Settings {
+        Settings {
+            mode: layers.mode.unwrap_or(Mode::Local),
+            jobs: layers
+                .jobs
+                .filter(|&n| n > 0)
+                .unwrap_or_else(available_cores),
+            keep_going: layers.keep_going.unwrap_or(false),
+            quiet: layers.quiet.unwrap_or(false),
+            verbose: layers.verbose.unwrap_or(false),
+            stats_json: layers.stats_json,
+        }
+    }
+}
+
+/// The number of cores this process may use.
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Where one setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    CommandLine,
+    Environment(String),
+    ConfigFile(PathBuf),
+    Default,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::CommandLine => write!(f, "command line"),
+            Source::Environment(var) => write!(f, "environment {var}"),
+            Source::ConfigFile(path) => write!(f, "config file {}", path.display()),
+            Source::Default => write!(f, "default"),
+        }
+    }
+}
+
+/// The settings with the provenance of each, as `dtlto-reapi config` shows them.
+#[derive(Debug)]
+pub struct ResolvedSettings {
+    pub settings: Settings,
+    pub config_file: Option<PathBuf>,
+    pub sources: BTreeMap<String, Source>,
+}
+
+/// Layers `args` (command line and environment, as parsed into `matches`) over the config file.
+pub fn resolve(args: &SettingsArgs, matches: &ArgMatches) -> Result<ResolvedSettings> {
+    let explicit_config = args.config.clone();
+    let config_file = match explicit_config {
+        Some(path) => Some(path),
+        None => discover_config_file()?,
+    };
+    let from_file = match &config_file {
+        Some(path) => read_config_file(path)?,
+        None => Map::new(),
+    };
+    let from_args = as_map(args)?;
+
+    let mut sources = BTreeMap::new();
+    let mut merged = from_file.clone();
+    for (key, value) in from_args {
+        let id = key.replace('-', "_");
+        let source = match matches.value_source(&id) {
+            Some(ValueSource::EnvVariable) => Source::Environment(env_var_name(&key)),
+            _ => Source::CommandLine,
+        };
+        sources.insert(key.clone(), source);
+        merged.insert(key, value);
+    }
+    if let Some(path) = &config_file {
+        for key in from_file.keys() {
+            sources
+                .entry(key.clone())
+                .or_insert_with(|| Source::ConfigFile(path.clone()));
+        }
+    }
+    let layers: SettingsArgs =
+        serde_json::from_value(Value::Object(merged)).context("combining settings")?;
+    let settings = Settings::with_defaults(layers);
+    for key in as_map(&settings)?.keys() {
+        sources.entry(key.clone()).or_insert(Source::Default);
+    }
+    Ok(ResolvedSettings {
+        settings,
+        config_file,
+        sources,
+    })
+}
+
+/// `remote-jobs` → `DTLTO_REAPI_REMOTE_JOBS`.
+pub fn env_var_name(key: &str) -> String {
+    format!("DTLTO_REAPI_{}", key.replace('-', "_").to_uppercase())
+}
+
+fn as_map(value: &impl Serialize) -> Result<Map<String, Value>> {
+    match serde_json::to_value(value)? {
+        Value::Object(map) => Ok(map),
+        other => bail!("settings serialized to {other}, not an object"),
+    }
+}
+
+/// `dtlto-reapi.toml` in the working directory or the nearest parent that has one, else the user's
+/// config file, else none.
+fn discover_config_file() -> Result<Option<PathBuf>> {
+    let cwd = std::env::current_dir().context("reading the working directory")?;
+    let project = cwd
+        .ancestors()
+        .map(|dir| dir.join("dtlto-reapi.toml"))
+        .find(|p| p.is_file());
+    let user = || {
+        dirs::config_dir()
+            .map(|d| d.join("dtlto-reapi").join("config.toml"))
+            .filter(|p| p.is_file())
+    };
+    Ok(project.or_else(user))
+}
+
+/// Reads a TOML config file into the same shape as the command-line settings, rejecting unknown keys
+/// and values of the wrong type with a message naming the file.
+fn read_config_file(path: &Path) -> Result<Map<String, Value>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("config file {}: cannot read", path.display()))?;
+    let table: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("config file {}: not valid TOML", path.display()))?;
+    // Accept `remote_jobs` as well as `remote-jobs`.
+    let table: Map<String, Value> = table
+        .into_iter()
+        .map(|(k, v)| Ok((k.replace('_', "-"), serde_json::to_value(v)?)))
+        .collect::<Result<_>>()?;
+    // Deserializing checks names and types; the map itself is what gets layered.
+    serde_json::from_value::<SettingsArgs>(Value::Object(table.clone()))
+        .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+    Ok(table)
+}
+
+impl ResolvedSettings {
+    /// The `dtlto-reapi config` report: one `key = value  # source` line per setting, secrets hidden.
+    pub fn report(&self) -> Result<String> {
+        let mut out = String::new();
+        match &self.config_file {
+            Some(path) => out.push_str(&format!("# config file: {}\n", path.display())),
+            None => out.push_str("# config file: none found\n"),
+        }
+        for (key, value) in as_map(&self.settings)? {
+            let shown = match value {
+                Value::Null => "(unset)".to_owned(),
+                other => other.to_string(),
+            };
+            let source = self.sources.get(&key).unwrap_or(&Source::Default);
+            out.push_str(&format!("{key} = {shown}  # {source}\n"));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::{CommandFactory, FromArgMatches};
+
+    /// Parses `argv` like the binary does, with `config_file` as the config file.
+    fn resolve_with(argv: &[&str], config_text: &str) -> ResolvedSettings {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("dtlto-reapi.toml");
+        std::fs::write(&config, config_text).unwrap();
+        let mut full = vec!["dtlto-reapi", "config"];
+        full.extend_from_slice(argv);
+        let config_arg = format!("--config={}", config.display());
+        full.push(&config_arg);
+        let matches = Cli::command().try_get_matches_from(full).unwrap();
+        let cli = Cli::from_arg_matches(&matches).unwrap();
+        let Some(Command::Config(args)) = cli.command else {
+            panic!("not config")
+        };
+        let (_, sub) = matches.subcommand().unwrap();
+        resolve(&args.settings, sub).unwrap()
+    }
+
+    #[test]
+    fn command_line_beats_file_beats_default() {
+        let r = resolve_with(&["--jobs=3"], "jobs = 7\nkeep_going = true\n");
+        assert_eq!(r.settings.jobs, 3);
+        assert_eq!(r.sources["jobs"], Source::CommandLine);
+        assert!(r.settings.keep_going);
+        assert!(matches!(r.sources["keep-going"], Source::ConfigFile(_)));
+        assert!(!r.settings.quiet);
+        assert_eq!(r.sources["quiet"], Source::Default);
+        let report = r.report().unwrap();
+        assert!(report.contains("jobs = 3  # command line"), "{report}");
+    }
+
+    #[test]
+    fn booleans_take_an_optional_value() {
+        let r = resolve_with(&["--quiet", "--keep-going=false"], "keep-going = true");
+        assert!(r.settings.quiet);
+        assert!(!r.settings.keep_going);
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("c.toml");
+        std::fs::write(&config, "jbos = 3").unwrap();
+        let err = read_config_file(&config).unwrap_err().to_string();
+        assert!(err.contains("c.toml") && err.contains("jbos"), "{err}");
+        std::fs::write(&config, "jobs = \"many\"").unwrap();
+        let err = read_config_file(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("c.toml") && err.contains("invalid type"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn env_var_names() {
+        assert_eq!(env_var_name("remote-jobs"), "DTLTO_REAPI_REMOTE_JOBS");
+    }
+}

@@ -1,0 +1,115 @@
+//! One distributor run, from lld's job file to the exit status lld sees: load and validate the job
+//! file, pick the mode's runner, run every job, report, and turn SIGINT/SIGTERM into a prompt,
+//! clean, non-zero exit.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Mode, Settings};
+use crate::executor::{self, RunContext};
+use crate::jobs::JobFile;
+use crate::report::Reporter;
+
+/// Runs every job of `job_file_path` and returns the exit status for lld.
+pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
+    let job_file = match JobFile::load(job_file_path) {
+        Ok(file) => Arc::new(file),
+        Err(e) => {
+            for line in e.to_string().lines() {
+                eprintln!("dtlto-reapi: error: {line}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(job_file, settings))
+}
+
+async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
+    let reporter = Arc::new(Reporter::new(
+        job_file.jobs.len(),
+        settings.quiet,
+        settings.verbose,
+    ));
+    let ctx = RunContext {
+        job_file: job_file.clone(),
+        reporter: reporter.clone(),
+        cancel: CancellationToken::new(),
+        keep_going: settings.keep_going,
+    };
+    let signalled = Arc::new(AtomicI32::new(0));
+    let watcher = match watch_signals(ctx.cancel.clone(), signalled.clone()) {
+        Ok(task) => task,
+        Err(e) => {
+            reporter.error(&format!("cannot install signal handlers: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+
+    let succeeded = match settings.mode {
+        Mode::Local => {
+            executor::run_all(&ctx, settings.jobs, |job| {
+                executor::run_local_job(&ctx, job)
+            })
+            .await
+        }
+        Mode::Remote | Mode::CacheOnly => {
+            reporter.error("remote modes are not available in this build yet");
+            false
+        }
+    };
+    watcher.abort();
+
+    let mode = serde_json::to_value(settings.mode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned));
+    if let Err(e) = reporter.finish(
+        &job_file.path,
+        mode.as_deref().unwrap_or("?"),
+        settings.stats_json.as_deref(),
+    ) {
+        reporter.error(&format!("cannot write --stats-json: {e}"));
+        return ExitCode::FAILURE;
+    }
+    match signalled.load(Ordering::Relaxed) {
+        0 if succeeded => ExitCode::SUCCESS,
+        0 => ExitCode::FAILURE,
+        signo => {
+            reporter.error(&format!(
+                "interrupted by signal {signo}; no partial outputs were left"
+            ));
+            ExitCode::from(128u8.saturating_add(signo as u8))
+        }
+    }
+}
+
+/// Cancels the run on the first SIGINT or SIGTERM and remembers which signal it was.
+fn watch_signals(
+    cancel: CancellationToken,
+    signalled: Arc<AtomicI32>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(tokio::spawn(async move {
+        let signo = tokio::select! {
+            _ = interrupt.recv() => libc::SIGINT,
+            _ = terminate.recv() => libc::SIGTERM,
+        };
+        signalled.store(signo, Ordering::Relaxed);
+        cancel.cancel();
+    }))
+}

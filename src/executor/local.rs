@@ -1,0 +1,124 @@
+//! The local executor: runs a job's compile as a child process on this machine.
+//!
+//! It is the embedded default, the fallback of the remote modes and the runner of cache-only misses,
+//! so it takes care of the things every mode needs from a local run: outputs written under staged
+//! names and moved into place only on success, the compiler's output captured for the reporter, and
+//! prompt termination of the child when the link is cancelled.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use crate::jobs::{Job, JobFile};
+use crate::output::StagedOutputs;
+use crate::plan::args::rewrite_args;
+
+/// How a local compile ended.
+#[derive(Debug)]
+pub enum LocalOutcome {
+    /// The compiler exited 0 and every output is in place.
+    Succeeded { output: Vec<u8> },
+    /// The compiler ran and failed, or its outputs could not be placed.
+    Failed {
+        exit_code: Option<i32>,
+        output: Vec<u8>,
+        error: Option<String>,
+    },
+    /// The link was interrupted; the child was terminated.
+    Cancelled,
+}
+
+/// How long a terminated compiler gets to clean up its own temporary files before it is killed.
+const TERMINATE_GRACE: Duration = Duration::from_millis(500);
+
+/// Runs `common.args ++ job.args` with the job's outputs redirected to staged names, and moves them
+/// into place when the compiler succeeds.
+pub async fn run_job(job_file: &JobFile, job: &Job, cancel: &CancellationToken) -> LocalOutcome {
+    let staged = StagedOutputs::new(job);
+    let args = rewrite_args(&job.args, |arg| {
+        staged
+            .staged_path_of(arg.as_ref())
+            .map(|p| p.to_string_lossy().into_owned())
+    });
+    let mut command = Command::new(job_file.compiler());
+    command
+        .args(&job_file.common_args[1..])
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            return LocalOutcome::Failed {
+                exit_code: None,
+                output: Vec::new(),
+                error: Some(format!(
+                    "cannot run the compiler {}: {e}",
+                    job_file.compiler()
+                )),
+            };
+        }
+    };
+    let pid = child.id();
+    let wait = child.wait_with_output();
+    tokio::pin!(wait);
+    let result = tokio::select! {
+        result = &mut wait => result,
+        () = cancel.cancelled() => {
+            terminate(pid, &mut wait).await;
+            return LocalOutcome::Cancelled;
+        }
+    };
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            return LocalOutcome::Failed {
+                exit_code: None,
+                output: Vec::new(),
+                error: Some(format!("waiting for the compiler: {e}")),
+            };
+        }
+    };
+    let mut output = out.stderr;
+    output.extend_from_slice(&out.stdout);
+    if !out.status.success() {
+        return LocalOutcome::Failed {
+            exit_code: out.status.code(),
+            error: out
+                .status
+                .code()
+                .is_none()
+                .then(|| format!("the compiler was killed ({})", out.status)),
+            output,
+        };
+    }
+    match staged.commit() {
+        Ok(()) => LocalOutcome::Succeeded { output },
+        Err(e) => LocalOutcome::Failed {
+            exit_code: Some(0),
+            output,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+/// SIGTERM first, so that clang removes its own temporary files, then SIGKILL after a grace period.
+async fn terminate<F: std::future::Future + Unpin>(pid: Option<u32>, wait: &mut F) {
+    let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) else {
+        return;
+    };
+    // SAFETY: kill(2) with a pid we spawned and have not reaped yet (the wait future is still pending).
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    if tokio::time::timeout(TERMINATE_GRACE, &mut *wait)
+        .await
+        .is_err()
+    {
+        // SAFETY: as above; the child has still not been reaped.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = wait.await;
+    }
+}

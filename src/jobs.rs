@@ -1,0 +1,464 @@
+//! lld's job file: parsing and validation.
+//!
+//! lld writes one JSON file per link (`<output>.<pid>.dist-file.json`) and passes its path as the
+//! distributor's last argument. This module turns it into typed [`Job`]s and checks everything a
+//! backend compile relies on *before* anything runs, so that a bad file produces one clear line per
+//! problem (job index, module path, field) instead of a confusing compiler error later.
+//!
+//! The format (LLVM 21 and 22):
+//! `{"common": {"linker_output", "args", "inputs"}, "jobs": [{"args", "inputs", "outputs"}]}`
+//! where a job's command is `common.args ++ job.args`, `inputs[0]` is the module's bitcode,
+//! `inputs[1]` its index shard, `inputs[2..]` the modules it imports, and `outputs[0]` the native
+//! object.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// A parsed and validated job file.
+#[derive(Debug, Clone)]
+pub struct JobFile {
+    /// Where the job file was read from (as given on the command line).
+    pub path: PathBuf,
+    /// `common.linker_output`: the link's output, for messages.
+    pub linker_output: String,
+    /// `common.args`: the compiler followed by the arguments every job shares.
+    pub common_args: Vec<String>,
+    /// `common.inputs`: files every job needs (e.g. a sample profile).
+    pub common_inputs: Vec<PathBuf>,
+    pub jobs: Vec<Job>,
+}
+
+/// One ThinLTO backend compile.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Position in the job file, for messages.
+    pub index: usize,
+    pub args: Vec<String>,
+    /// `[module, index shard, imported modules...]`; validated to hold at least two entries.
+    pub inputs: Vec<PathBuf>,
+    /// `[native object, other outputs...]`; validated to hold at least one entry.
+    pub outputs: Vec<PathBuf>,
+}
+
+impl Job {
+    /// The module this job compiles (`inputs[0]`), which names the job in every message.
+    pub fn module(&self) -> &Path {
+        &self.inputs[0]
+    }
+
+    /// The job's summary index shard (`inputs[1]`).
+    pub fn index_shard(&self) -> &Path {
+        &self.inputs[1]
+    }
+
+    /// The modules this job imports from (`inputs[2..]`).
+    pub fn imports(&self) -> &[PathBuf] {
+        &self.inputs[2..]
+    }
+
+    /// `job N (module M)`: how messages name a job.
+    pub fn label(&self) -> String {
+        format!("job {} ({})", self.index, self.module().display())
+    }
+}
+
+/// Everything wrong with a job file, one problem per line.
+#[derive(Debug)]
+pub struct JobFileError {
+    pub path: PathBuf,
+    pub problems: Vec<String>,
+}
+
+impl fmt::Display for JobFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "job file {}: {problem}", self.path.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for JobFileError {}
+
+impl JobFile {
+    /// Reads, parses and validates the job file at `path`. Relative paths inside it are relative to
+    /// the current directory (the link's working directory), as lld intends.
+    pub fn load(path: &Path) -> Result<JobFile, JobFileError> {
+        let fail = |problem: String| JobFileError {
+            path: path.to_owned(),
+            problems: vec![problem],
+        };
+        let text = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+        let value: Value =
+            serde_json::from_slice(&text).map_err(|e| fail(format!("not valid JSON: {e}")))?;
+        let job_file = JobFile::from_json(path, &value)?;
+        job_file.check_inputs_exist()?;
+        Ok(job_file)
+    }
+
+    /// Builds a job file from parsed JSON, checking its shape (not the file system).
+    pub fn from_json(path: &Path, value: &Value) -> Result<JobFile, JobFileError> {
+        let mut problems = Vec::new();
+        let root = value.as_object();
+        if root.is_none() {
+            problems.push("the top level is not a JSON object".to_owned());
+        }
+        let common = root.and_then(|r| r.get("common"));
+        let common = match common {
+            Some(Value::Object(c)) => Some(c),
+            Some(_) => {
+                problems.push("`common` is not an object".to_owned());
+                None
+            }
+            None if root.is_some() => {
+                problems.push("missing `common`".to_owned());
+                None
+            }
+            None => None,
+        };
+        let mut common_args = Vec::new();
+        let mut common_inputs = Vec::new();
+        let mut linker_output = String::new();
+        if let Some(common) = common {
+            match strings(common, "args", "common") {
+                Ok(Some(args)) if args.is_empty() => problems
+                    .push("`common.args` is empty: it must start with the compiler".to_owned()),
+                Ok(Some(args)) => common_args = args,
+                Ok(None) => problems.push("missing `common.args`".to_owned()),
+                Err(p) => problems.push(p),
+            }
+            match strings(common, "inputs", "common") {
+                Ok(inputs) => {
+                    common_inputs = inputs
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(PathBuf::from)
+                        .collect()
+                }
+                Err(p) => problems.push(p),
+            }
+            match common.get("linker_output") {
+                Some(Value::String(s)) => linker_output = s.clone(),
+                Some(_) => problems.push("`common.linker_output` is not a string".to_owned()),
+                None => {}
+            }
+        }
+
+        let mut jobs = Vec::new();
+        match root.and_then(|r| r.get("jobs")) {
+            Some(Value::Array(list)) => {
+                for (index, entry) in list.iter().enumerate() {
+                    match parse_job(index, entry) {
+                        Ok(job) => jobs.push(job),
+                        Err(mut p) => problems.append(&mut p),
+                    }
+                }
+            }
+            Some(_) => problems.push("`jobs` is not an array".to_owned()),
+            None if root.is_some() => problems.push("missing `jobs`".to_owned()),
+            None => {}
+        }
+        problems.extend(duplicate_outputs(&jobs));
+
+        if problems.is_empty() {
+            Ok(JobFile {
+                path: path.to_owned(),
+                linker_output,
+                common_args,
+                common_inputs,
+                jobs,
+            })
+        } else {
+            Err(JobFileError {
+                path: path.to_owned(),
+                problems,
+            })
+        }
+    }
+
+    /// Every listed input must exist before anything runs: a missing file would otherwise surface as a
+    /// compiler error far from its cause.
+    fn check_inputs_exist(&self) -> Result<(), JobFileError> {
+        let mut problems = Vec::new();
+        for input in &self.common_inputs {
+            if !input.exists() {
+                problems.push(format!(
+                    "`common.inputs`: {} does not exist",
+                    input.display()
+                ));
+            }
+        }
+        for job in &self.jobs {
+            for (i, input) in job.inputs.iter().enumerate() {
+                if !input.is_file() {
+                    let what = if input.exists() {
+                        "is not a regular file"
+                    } else {
+                        "does not exist"
+                    };
+                    problems.push(format!(
+                        "{}: `inputs[{i}]` {} {what}",
+                        job.label(),
+                        input.display()
+                    ));
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(JobFileError {
+                path: self.path.clone(),
+                problems,
+            })
+        }
+    }
+
+    /// The compiler every job runs (`common.args[0]`).
+    pub fn compiler(&self) -> &str {
+        &self.common_args[0]
+    }
+
+    /// The full command line of `job`: `common.args ++ job.args`.
+    pub fn command(&self, job: &Job) -> Vec<String> {
+        self.common_args.iter().chain(&job.args).cloned().collect()
+    }
+}
+
+fn parse_job(index: usize, entry: &Value) -> Result<Job, Vec<String>> {
+    let Some(obj) = entry.as_object() else {
+        return Err(vec![format!("job {index}: not a JSON object")]);
+    };
+    let context = format!("jobs[{index}]");
+    let mut problems = Vec::new();
+    // `None` when the field is absent or malformed (already reported).
+    let mut field = |name: &str| match strings(obj, name, &context) {
+        Ok(Some(v)) => Some(v),
+        Ok(None) => {
+            problems.push(format!("missing `{name}`"));
+            None
+        }
+        Err(p) => {
+            problems.push(p);
+            None
+        }
+    };
+    let args = field("args").unwrap_or_default();
+    let inputs = field("inputs");
+    let outputs = field("outputs");
+    if let Some(inputs) = inputs.as_ref().filter(|i| i.len() < 2) {
+        problems.push(format!(
+            "`inputs` lists {} file(s); a job needs at least its module and its index shard",
+            inputs.len()
+        ));
+    }
+    if outputs.as_ref().is_some_and(Vec::is_empty) {
+        problems.push("`outputs` is empty; a job needs at least its native object".to_owned());
+    }
+    let inputs = inputs.unwrap_or_default();
+    let outputs = outputs.unwrap_or_default();
+    for (i, input) in inputs.iter().enumerate() {
+        if input.is_empty() {
+            problems.push(format!("`inputs[{i}]` is an empty path"));
+        }
+    }
+    for (i, output) in outputs.iter().enumerate() {
+        if output.is_empty() {
+            problems.push(format!("`outputs[{i}]` is an empty path"));
+        } else if inputs.contains(output) {
+            problems.push(format!("`outputs[{i}]` {output} is also an input"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(Job {
+            index,
+            args,
+            inputs: inputs.into_iter().map(PathBuf::from).collect(),
+            outputs: outputs.into_iter().map(PathBuf::from).collect(),
+        })
+    } else {
+        let label = match inputs.first() {
+            Some(module) => format!("job {index} ({module})"),
+            None => format!("job {index}"),
+        };
+        Err(problems
+            .into_iter()
+            .map(|p| format!("{label}: {p}"))
+            .collect())
+    }
+}
+
+/// Reads `obj[name]` as an array of strings: `Ok(None)` when absent, `Err` naming the field when it
+/// has the wrong type.
+fn strings(
+    obj: &Map<String, Value>,
+    name: &str,
+    context: &str,
+) -> Result<Option<Vec<String>>, String> {
+    let Some(value) = obj.get(name) else {
+        return Ok(None);
+    };
+    let Value::Array(items) = value else {
+        return Err(format!("`{context}.{name}` is not an array of strings"));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(s) => Ok(s.clone()),
+            _ => Err(format!("`{context}.{name}[{i}]` is not a string")),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Two jobs writing the same file would race; lld never does this, so it signals a corrupt file.
+fn duplicate_outputs(jobs: &[Job]) -> Vec<String> {
+    let mut seen = std::collections::HashMap::new();
+    let mut problems = Vec::new();
+    for job in jobs {
+        for output in &job.outputs {
+            if let Some(first) = seen.insert(output.clone(), job.index) {
+                problems.push(format!(
+                    "{}: output {} is also an output of job {first}",
+                    job.label(),
+                    output.display()
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(value: Value) -> Result<JobFile, JobFileError> {
+        JobFile::from_json(Path::new("link.1.dist-file.json"), &value)
+    }
+
+    fn problems(value: Value) -> Vec<String> {
+        parse(value).expect_err("should be rejected").problems
+    }
+
+    fn valid() -> Value {
+        json!({"common": {"linker_output": "a.out", "args": ["clang", "-c", "-O2"], "inputs": []},
+               "jobs": [{"args": ["t1.o", "-fthinlto-index=t1.1.9.native.o.thinlto.bc", "-o", "t1.1.9.native.o"],
+                         "inputs": ["t1.o", "t1.1.9.native.o.thinlto.bc", "t2.o"],
+                         "outputs": ["t1.1.9.native.o"]}]})
+    }
+
+    #[test]
+    fn parses_a_real_shape() {
+        let file = parse(valid()).unwrap();
+        assert_eq!(file.compiler(), "clang");
+        assert_eq!(file.linker_output, "a.out");
+        let job = &file.jobs[0];
+        assert_eq!(job.module(), Path::new("t1.o"));
+        assert_eq!(job.index_shard(), Path::new("t1.1.9.native.o.thinlto.bc"));
+        assert_eq!(job.imports(), &[PathBuf::from("t2.o")]);
+        assert_eq!(file.command(job)[3], "t1.o");
+        assert_eq!(file.command(job).len(), 7);
+    }
+
+    #[test]
+    fn odd_names_survive() {
+        let member = "libx.a(y.o at 80).2.1C7A.o";
+        let emoji = "📁 dir (1)/🎁.a(α.o at 7).o";
+        let file = parse(json!({"common": {"args": ["clang"]},
+            "jobs": [{"args": [member], "inputs": [member, "s.bc", emoji], "outputs": ["o (1).o"]}]}))
+        .unwrap();
+        assert_eq!(file.jobs[0].module(), Path::new(member));
+        assert_eq!(file.jobs[0].imports()[0], Path::new(emoji));
+        assert!(file.common_inputs.is_empty());
+    }
+
+    #[test]
+    fn missing_common_args() {
+        let p = problems(json!({"common": {"inputs": []}, "jobs": []}));
+        assert_eq!(p, vec!["missing `common.args`"]);
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let p = problems(json!({"common": {"args": "clang -c"}, "jobs": {}}));
+        assert_eq!(
+            p,
+            vec![
+                "`common.args` is not an array of strings",
+                "`jobs` is not an array"
+            ]
+        );
+        let p = problems(json!({"common": {"args": ["clang", 3]}, "jobs": []}));
+        assert_eq!(p, vec!["`common.args[1]` is not a string"]);
+    }
+
+    #[test]
+    fn job_problems_name_index_module_and_field() {
+        let p = problems(json!({"common": {"args": ["clang"]},
+            "jobs": [{"args": [], "inputs": ["m.o"], "outputs": []},
+                     {"args": [], "outputs": ["x.o"]},
+                     "nonsense"]}));
+        assert_eq!(
+            p,
+            vec![
+                "job 0 (m.o): `inputs` lists 1 file(s); a job needs at least its module and its index shard",
+                "job 0 (m.o): `outputs` is empty; a job needs at least its native object",
+                "job 1: missing `inputs`",
+                "job 2: not a JSON object",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_outputs_are_rejected() {
+        let job = json!({"args": [], "inputs": ["a.o", "a.bc"], "outputs": ["same.o"]});
+        let p = problems(json!({"common": {"args": ["clang"]}, "jobs": [job.clone(), job]}));
+        assert_eq!(
+            p,
+            vec!["job 1 (a.o): output same.o is also an output of job 0"]
+        );
+    }
+
+    #[test]
+    fn not_an_object() {
+        assert_eq!(
+            problems(json!([1, 2])),
+            vec!["the top level is not a JSON object"]
+        );
+    }
+
+    #[test]
+    fn load_reports_unreadable_invalid_and_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.json");
+        let err = JobFile::load(&missing).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("job file {}: cannot read:", missing.display())),
+            "{err}"
+        );
+
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, b"{\"common\": ").unwrap();
+        let err = JobFile::load(&bad).unwrap_err().to_string();
+        assert!(err.contains("not valid JSON"), "{err}");
+
+        let module = dir.path().join("m (1).o");
+        std::fs::write(&module, b"x").unwrap();
+        let file = dir.path().join("ok.json");
+        let json = json!({"common": {"args": ["clang"]},
+            "jobs": [{"args": [], "inputs": [module, dir.path().join("gone.bc")], "outputs": ["o.o"]}]});
+        std::fs::write(&file, json.to_string()).unwrap();
+        let err = JobFile::load(&file).unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        assert!(err.problems[0].starts_with(&format!("job 0 ({}): `inputs[1]`", module.display())));
+        assert!(err.problems[0].ends_with("gone.bc does not exist"));
+    }
+}

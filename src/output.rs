@@ -1,0 +1,165 @@
+//! Outputs are never half-written: every file a job produces is first written under a temporary name
+//! beside its final path and renamed into place only once the whole job has succeeded.
+//!
+//! lld links whatever it finds at a job's output paths, so a truncated object from an interrupted
+//! compile or download would be a silent miscompile. [`StagedOutputs`] owns the temporary names: a job
+//! that fails, is cancelled or panics drops them and leaves nothing behind, and [`StagedOutputs::commit`]
+//! checks that every listed output was produced before moving any of them.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::jobs::Job;
+
+/// The temporary names of one job's outputs.
+#[derive(Debug)]
+pub struct StagedOutputs {
+    /// `(final path, staged path)` in the job's output order.
+    pairs: Vec<(PathBuf, PathBuf)>,
+    committed: bool,
+}
+
+impl StagedOutputs {
+    /// Chooses a hidden temporary name beside each of `job`'s outputs (same directory, so the final
+    /// rename is atomic). The process id and job index keep concurrent links and jobs apart.
+    pub fn new(job: &Job) -> StagedOutputs {
+        let pid = std::process::id();
+        let pairs = job
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(k, output)| {
+                let name = output
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let staged =
+                    output.with_file_name(format!(".{name}.dtlto-{pid}-{}-{k}.tmp", job.index));
+                (output.clone(), staged)
+            })
+            .collect();
+        StagedOutputs {
+            pairs,
+            committed: false,
+        }
+    }
+
+    /// `(final path, staged path)` pairs.
+    pub fn pairs(&self) -> impl Iterator<Item = (&Path, &Path)> {
+        self.pairs.iter().map(|(f, s)| (f.as_path(), s.as_path()))
+    }
+
+    /// The staged path of a final output path, if it is one of this job's outputs.
+    pub fn staged_path_of(&self, output: &Path) -> Option<&Path> {
+        self.pairs().find(|(f, _)| *f == output).map(|(_, s)| s)
+    }
+
+    /// Moves every staged file into place. Fails, leaving no output of the job behind, when one is
+    /// missing or cannot be moved.
+    pub fn commit(mut self) -> io::Result<()> {
+        for (output, staged) in &self.pairs {
+            if !staged.is_file() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("the job did not produce its output {}", output.display()),
+                ));
+            }
+        }
+        for (done, (output, staged)) in self.pairs.iter().enumerate() {
+            if let Err(e) = std::fs::rename(staged, output) {
+                for (placed, _) in &self.pairs[..done] {
+                    let _ = std::fs::remove_file(placed);
+                }
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot move {} into place: {e}", output.display()),
+                ));
+            }
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for StagedOutputs {
+    fn drop(&mut self) {
+        if !self.committed {
+            for (_, staged) in &self.pairs {
+                let _ = std::fs::remove_file(staged);
+            }
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename), for files
+/// the distributor itself produces, such as `--stats-json`.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(dir: &Path) -> Job {
+        Job {
+            index: 3,
+            args: vec![],
+            inputs: vec![dir.join("m.o"), dir.join("m.bc")],
+            outputs: vec![dir.join("m.native.o"), dir.join("m.stats")],
+        }
+    }
+
+    #[test]
+    fn commit_moves_everything_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let staged = StagedOutputs::new(&job(dir.path()));
+        for (_, s) in staged.pairs() {
+            std::fs::write(s, b"obj").unwrap();
+        }
+        staged.commit().unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("m.native.o")).unwrap(),
+            b"obj"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_missing_output_fails_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let staged = StagedOutputs::new(&job(dir.path()));
+        let (_, first) = staged.pairs().next().unwrap();
+        std::fs::write(first, b"half").unwrap();
+        let err = staged.commit().unwrap_err();
+        assert!(err.to_string().contains("m.stats"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn dropping_removes_staged_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let staged = StagedOutputs::new(&job(dir.path()));
+        for (_, s) in staged.pairs() {
+            std::fs::write(s, b"partial").unwrap();
+        }
+        drop(staged);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn atomic_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stats.json");
+        write_atomically(&path, b"{}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+    }
+}

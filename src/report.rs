@@ -1,0 +1,255 @@
+//! What the user sees, shared by every mode: compiler diagnostics prefixed with the job's module, a live
+//! progress bar only when stderr is a terminal, one summary line at the end, and `--stats-json`.
+//!
+//! All output goes through a [`Reporter`] so that lines never tear a progress bar and `--quiet` is
+//! honoured in one place.
+
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use crate::jobs::Job;
+
+/// Where a job's result came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ran {
+    /// A compile on this machine.
+    Local,
+    /// Nothing ran: the job never started (an earlier failure, or an interrupt).
+    NotStarted,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    Succeeded,
+    Failed,
+    Cancelled,
+    NotStarted,
+}
+
+/// One `--stats-json` record.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRecord {
+    pub index: usize,
+    pub module: PathBuf,
+    pub outputs: Vec<PathBuf>,
+    pub status: Status,
+    pub ran: Ran,
+    /// The compiler's exit code, when it ran to completion.
+    pub exit_code: Option<i32>,
+    /// Why the job failed, when it did for a reason other than the compiler's exit code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub wall_ms: u64,
+}
+
+impl JobRecord {
+    pub fn new(job: &Job, status: Status, ran: Ran, wall: Duration) -> JobRecord {
+        JobRecord {
+            index: job.index,
+            module: job.module().to_owned(),
+            outputs: job.outputs.clone(),
+            status,
+            ran,
+            exit_code: None,
+            error: None,
+            wall_ms: wall.as_millis() as u64,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct StatsFile<'a> {
+    job_file: &'a Path,
+    mode: &'a str,
+    wall_ms: u64,
+    jobs: &'a [JobRecord],
+}
+
+/// Collects job records and prints on stderr.
+pub struct Reporter {
+    quiet: bool,
+    verbose: bool,
+    progress: Option<ProgressBar>,
+    started: Instant,
+    records: Mutex<Vec<JobRecord>>,
+    warned: Mutex<HashSet<String>>,
+}
+
+impl Reporter {
+    /// `total` is the number of jobs, for the progress bar.
+    pub fn new(total: usize, quiet: bool, verbose: bool) -> Reporter {
+        let progress = (!quiet && std::io::stderr().is_terminal() && total > 0).then(|| {
+            let bar =
+                ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+            if let Ok(style) = ProgressStyle::with_template(
+                "dtlto-reapi [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        });
+        Reporter {
+            quiet,
+            verbose,
+            progress,
+            started: Instant::now(),
+            records: Mutex::new(Vec::new()),
+            warned: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Prints one line on stderr (unless quiet), above the progress bar.
+    pub fn line(&self, text: &str) {
+        if !self.quiet {
+            self.print(text);
+        }
+    }
+
+    /// Prints an error line; errors are shown even with `--quiet`.
+    pub fn error(&self, text: &str) {
+        self.print(&format!("dtlto-reapi: error: {text}"));
+    }
+
+    /// Prints a warning once per distinct `cause` (so a cluster problem affecting every job is one
+    /// line, not thousands).
+    pub fn warn_once(&self, cause: &str, text: &str) {
+        let first = self
+            .warned
+            .lock()
+            .map(|mut w| w.insert(cause.to_owned()))
+            .unwrap_or(true);
+        if first {
+            self.line(&format!("dtlto-reapi: warning: {text}"));
+        }
+    }
+
+    /// With `--verbose`, what is about to happen to a job.
+    pub fn verbose(&self, text: impl FnOnce() -> String) {
+        if self.verbose && !self.quiet {
+            self.print(&text());
+        }
+    }
+
+    /// What a compiler printed, each line prefixed with the job's module. Shown for failed jobs
+    /// always, for successful ones unless quiet (a successful compile that prints, warns).
+    pub fn diagnostics(&self, job: &Job, output: &[u8], failed: bool) {
+        if output.is_empty() || (self.quiet && !failed) {
+            return;
+        }
+        let module = job.module().display().to_string();
+        let text = String::from_utf8_lossy(output);
+        let prefixed: Vec<String> = text.lines().map(|l| format!("{module}: {l}")).collect();
+        self.print(&prefixed.join("\n"));
+    }
+
+    /// Records a finished (or never started) job.
+    pub fn finish_job(&self, record: JobRecord) {
+        if let Some(bar) = &self.progress {
+            bar.inc(1);
+        }
+        if let Ok(mut records) = self.records.lock() {
+            records.push(record);
+        }
+    }
+
+    fn print(&self, text: &str) {
+        let write = || {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{text}");
+        };
+        match &self.progress {
+            Some(bar) => bar.suspend(write),
+            None => write(),
+        }
+    }
+
+    /// The records so far, in job-file order.
+    pub fn records(&self) -> Vec<JobRecord> {
+        let mut records = self.records.lock().map(|r| r.clone()).unwrap_or_default();
+        records.sort_by_key(|r| r.index);
+        records
+    }
+
+    /// Ends the run: clears the progress bar, prints the summary line and writes `--stats-json`.
+    pub fn finish(
+        &self,
+        job_file: &Path,
+        mode: &str,
+        stats_json: Option<&Path>,
+    ) -> std::io::Result<()> {
+        if let Some(bar) = &self.progress {
+            bar.finish_and_clear();
+        }
+        let wall = self.started.elapsed();
+        let records = self.records();
+        self.line(&summary_line(&records, wall));
+        if let Some(path) = stats_json {
+            let stats = StatsFile {
+                job_file,
+                mode,
+                wall_ms: wall.as_millis() as u64,
+                jobs: &records,
+            };
+            let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
+            json.push(b'\n');
+            crate::output::write_atomically(path, &json)?;
+        }
+        Ok(())
+    }
+}
+
+/// `dtlto-reapi: 12 jobs, 1 failed, 2 not started (9 local) in 3.41 s`
+fn summary_line(records: &[JobRecord], wall: Duration) -> String {
+    let count = |status: Status| records.iter().filter(|r| r.status == status).count();
+    let mut parts = vec![format!("{} jobs", records.len())];
+    let failed = count(Status::Failed);
+    parts.push(format!("{failed} failed"));
+    for (status, name) in [
+        (Status::Cancelled, "cancelled"),
+        (Status::NotStarted, "not started"),
+    ] {
+        let n = count(status);
+        if n > 0 {
+            parts.push(format!("{n} {name}"));
+        }
+    }
+    let local = records.iter().filter(|r| r.ran == Ran::Local).count();
+    format!(
+        "dtlto-reapi: {} ({local} ran locally) in {:.2} s",
+        parts.join(", "),
+        wall.as_secs_f64()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_counts() {
+        let job = Job {
+            index: 0,
+            args: vec![],
+            inputs: vec!["a.o".into(), "a.bc".into()],
+            outputs: vec!["a.n.o".into()],
+        };
+        let records = vec![
+            JobRecord::new(&job, Status::Succeeded, Ran::Local, Duration::ZERO),
+            JobRecord::new(&job, Status::Failed, Ran::Local, Duration::ZERO),
+            JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO),
+        ];
+        assert_eq!(
+            summary_line(&records, Duration::from_millis(1500)),
+            "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 ran locally) in 1.50 s"
+        );
+    }
+}

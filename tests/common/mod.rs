@@ -1,0 +1,534 @@
+//! Shared support for the integration tests: a real clang/lld (found or installed by
+//! `scripts/toolchain.sh`), a builder that writes C sources into a temporary project, compiles them
+//! with `-flto=thin`, archives some, links through the built `dtlto-reapi` binary and runs the
+//! program, and a handle on a `dtlto-reapi serve` test server for remote tests.
+//!
+//! Every test links real programs, so a missing toolchain is a test failure, never a skip.
+//! Each integration test crate uses its own subset of these helpers, hence the `dead_code` allowance.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{OnceLock, mpsc};
+use std::thread;
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+/// Target triple for every compile and link: the toolchain may default to musl (ziglang), and the
+/// programs must link against the system's glibc.
+pub const TARGET: &str = "--target=x86_64-linux-gnu";
+
+/// The clang, lld and archiver the tests use, as printed by `scripts/toolchain.sh`.
+#[derive(Debug)]
+pub struct Toolchain {
+    /// Directory holding the wrappers.
+    pub bin: PathBuf,
+    pub clang: PathBuf,
+    pub lld: PathBuf,
+    pub ar: PathBuf,
+}
+
+/// The toolchain, located (and installed if needed) once per test process.
+///
+/// Panics with the script's stderr when it fails.
+pub fn toolchain() -> &'static Toolchain {
+    static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
+    TOOLCHAIN.get_or_init(locate_toolchain)
+}
+
+fn locate_toolchain() -> Toolchain {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/toolchain.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed ({}); a DTLTO-capable clang/lld is required for these tests:\n{stderr}",
+        script.display(),
+        out.status
+    );
+    let vars: HashMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once('=')).collect();
+    let get = |name: &str| {
+        let value = vars
+            .get(name)
+            .unwrap_or_else(|| panic!("{} printed no {name}= line:\n{stdout}", script.display()));
+        PathBuf::from(value)
+    };
+    Toolchain {
+        bin: get("BIN"),
+        clang: get("CLANG"),
+        lld: get("LLD"),
+        ar: get("AR"),
+    }
+}
+
+/// The `dtlto-reapi` binary that Cargo built for this test run.
+pub fn distributor() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
+}
+
+/// Runs a command to completion, capturing its output; panics only when it cannot be started.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Like [`run`], and panics with the command's stderr unless it exits 0.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A C project in a temporary directory: sources are compiled to ThinLTO bitcode as they are added,
+/// and every object or archive becomes a link input, in the order added (so add archives last).
+///
+/// All paths given to it are relative to its working directory and are passed to clang and lld
+/// as relative paths, exactly as a build system would; they may contain spaces, parentheses and
+/// Unicode (but see `dtlto-facts.md` on non-ASCII *module* paths in LLVM 22.1.8).
+pub struct Project {
+    root: TempDir,
+    dir: PathBuf,
+    inputs: Vec<PathBuf>,
+}
+
+impl Default for Project {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Project {
+    /// A project whose working directory is a fresh temporary directory; its name contains a space
+    /// and parentheses so that every test exercises them in the working directory's path.
+    pub fn new() -> Self {
+        Self::in_subdir("")
+    }
+
+    /// A project whose working directory is `subdir` (e.g. a Unicode name) inside a fresh temporary
+    /// directory.
+    pub fn in_subdir(subdir: &str) -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("dtlto test (")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+        let dir = root.path().join(subdir);
+        create_dir(&dir);
+        Project {
+            root,
+            dir,
+            inputs: Vec::new(),
+        }
+    }
+
+    /// The working directory of every compile and link.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The paths passed to the link, in order.
+    pub fn inputs(&self) -> &[PathBuf] {
+        &self.inputs
+    }
+
+    /// Writes `code` to `source`, compiles it and adds the object to the link.
+    pub fn add_source(&mut self, source: &str, code: &str) -> &mut Self {
+        let object = self.compile(source, code);
+        self.inputs.push(object);
+        self
+    }
+
+    /// Adds every `(path, code)` pair with [`Project::add_source`].
+    pub fn add_sources<S: AsRef<str>, C: AsRef<str>>(
+        &mut self,
+        sources: impl IntoIterator<Item = (S, C)>,
+    ) -> &mut Self {
+        for (source, code) in sources {
+            self.add_source(source.as_ref(), code.as_ref());
+        }
+        self
+    }
+
+    /// Compiles every `(path, code)` pair and puts the objects in the static archive `archive`
+    /// (`$AR rcs`), which is added to the link.
+    pub fn add_archive<S: AsRef<str>, C: AsRef<str>>(
+        &mut self,
+        archive: &str,
+        sources: impl IntoIterator<Item = (S, C)>,
+    ) -> &mut Self {
+        let objects: Vec<PathBuf> = sources
+            .into_iter()
+            .map(|(source, code)| self.compile(source.as_ref(), code.as_ref()))
+            .collect();
+        let archive = PathBuf::from(archive);
+        create_parent(&self.dir.join(&archive));
+        run_ok(
+            Command::new(&toolchain().ar)
+                .current_dir(&self.dir)
+                .arg("rcs")
+                .arg(&archive)
+                .args(&objects),
+        );
+        self.inputs.push(archive);
+        self
+    }
+
+    /// Writes `code` to `source` and compiles it to `<source minus .c>.o`; returns the object's path.
+    pub fn compile(&self, source: &str, code: &str) -> PathBuf {
+        let source = PathBuf::from(source);
+        write(&self.dir.join(&source), code.as_bytes());
+        let object = source.with_extension("o");
+        run_ok(
+            Command::new(&toolchain().clang)
+                .current_dir(&self.dir)
+                .args([TARGET, "-O2", "-flto=thin", "-c"])
+                .arg(&source)
+                .arg("-o")
+                .arg(&object),
+        );
+        object
+    }
+
+    /// Starts describing a link of every input to `output` (relative to the working directory; its
+    /// directory is created). Give each link its own output directory when a test inspects the
+    /// temporary files.
+    pub fn link(&self, output: &str) -> Link<'_> {
+        Link {
+            project: self,
+            output: PathBuf::from(output),
+            distributor_args: Vec::new(),
+            linker_args: Vec::new(),
+        }
+    }
+}
+
+/// A DTLTO link of a [`Project`] through the built `dtlto-reapi`; see [`Project::link`].
+pub struct Link<'p> {
+    project: &'p Project,
+    output: PathBuf,
+    distributor_args: Vec<OsString>,
+    linker_args: Vec<OsString>,
+}
+
+impl Link<'_> {
+    /// An argument for the distributor, passed as `-Xthinlto-distributor=ARG` (clang splits it on
+    /// commas, as it would for a user).
+    pub fn distributor_arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.distributor_args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// An argument for lld, passed as `-Xlinker ARG` (no comma splitting).
+    pub fn linker_arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.linker_args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// Keeps the job file, the index shards and the native objects beside the output
+    /// (`--save-temps`), for [`Linked::native_objects`] and [`Linked::job_file`].
+    pub fn save_temps(self) -> Self {
+        self.linker_arg("--save-temps")
+    }
+
+    /// An argument appended to every backend compile (`--thinlto-remote-compiler-arg=ARG`).
+    pub fn compiler_arg(self, arg: &str) -> Self {
+        self.linker_arg(format!("--thinlto-remote-compiler-arg={arg}"))
+    }
+
+    /// Runs the link and captures what it printed; it does not judge the result.
+    pub fn run(self) -> Linked {
+        let tools = toolchain();
+        let dir = &self.project.dir;
+        create_parent(&dir.join(&self.output));
+        let mut dist_flag = OsString::from("-fthinlto-distributor=");
+        dist_flag.push(distributor());
+        let mut compiler_flag = OsString::from("--thinlto-remote-compiler=");
+        compiler_flag.push(&tools.clang);
+        let mut ld_flag = OsString::from("-fuse-ld=");
+        ld_flag.push(&tools.lld);
+
+        let mut cmd = Command::new(&tools.clang);
+        cmd.current_dir(dir)
+            .args([TARGET, "-O2", "-flto=thin"])
+            .arg(ld_flag)
+            .args(&self.project.inputs)
+            .arg("-o")
+            .arg(&self.output)
+            .arg(dist_flag)
+            .arg("-Xlinker")
+            .arg(compiler_flag);
+        for arg in &self.distributor_args {
+            let mut flag = OsString::from("-Xthinlto-distributor=");
+            flag.push(arg);
+            cmd.arg(flag);
+        }
+        for arg in &self.linker_args {
+            cmd.arg("-Xlinker").arg(arg);
+        }
+        let out = run(&mut cmd);
+        Linked {
+            command: format!("{cmd:?}"),
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            output: dir.join(&self.output),
+        }
+    }
+}
+
+/// The result of a [`Link`].
+#[derive(Debug)]
+pub struct Linked {
+    /// The link command, for messages.
+    pub command: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    /// Absolute path of the linked program.
+    pub output: PathBuf,
+}
+
+impl Linked {
+    /// Panics with the link's command and stderr unless it succeeded.
+    pub fn assert_success(&self) -> &Self {
+        assert!(
+            self.status.success(),
+            "link failed ({}): {}\n--- stderr ---\n{}",
+            self.status,
+            self.command,
+            self.stderr
+        );
+        self
+    }
+
+    /// Panics unless the link failed.
+    pub fn assert_failure(&self) -> &Self {
+        assert!(
+            !self.status.success(),
+            "link unexpectedly succeeded: {}\n--- stderr ---\n{}",
+            self.command,
+            self.stderr
+        );
+        self
+    }
+
+    /// Runs the linked program (after checking that the link succeeded) and returns its stdout;
+    /// panics unless it exits 0.
+    pub fn run_program(&self) -> String {
+        self.assert_success();
+        let out = run_ok(&mut Command::new(&self.output));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The native objects (`*.native.o`) in the output's directory, sorted by name. Needs
+    /// [`Link::save_temps`], or lld deletes them after the link.
+    pub fn native_objects(&self) -> Vec<PathBuf> {
+        self.files_in_output_dir(|name| name.ends_with(".native.o"))
+    }
+
+    /// The job file lld wrote (`<output>.<PID>.dist-file.json`); needs [`Link::save_temps`].
+    pub fn job_file(&self) -> PathBuf {
+        let files = self.files_in_output_dir(|name| name.ends_with(".dist-file.json"));
+        match files.as_slice() {
+            [one] => one.clone(),
+            _ => panic!(
+                "expected one job file beside {}, found {files:?} (was the link run with save_temps?)",
+                self.output.display()
+            ),
+        }
+    }
+
+    /// The job file, parsed.
+    pub fn jobs(&self) -> serde_json::Value {
+        read_json(&self.job_file())
+    }
+
+    fn files_in_output_dir(&self, wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+        let dir = self.output.parent().unwrap_or(Path::new("."));
+        let entries =
+            fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+        let mut files: Vec<PathBuf> = entries
+            .map(|entry| entry.unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display())))
+            .map(|entry| entry.path())
+            .filter(|path| {
+                path.file_name()
+                    .is_some_and(|n| wanted(&n.to_string_lossy()))
+            })
+            .collect();
+        files.sort();
+        files
+    }
+}
+
+/// A generated program of `n` modules where module `i` calls module `i + 1` (so ThinLTO imports
+/// and inlines across modules) plus a `main.c` that prints the sum of every module's result.
+pub struct Chain {
+    /// `(file name, code)`: `mod0.c` … `mod{n-1}.c`, then `main.c`.
+    pub sources: Vec<(String, String)>,
+    /// What the linked program prints.
+    pub expected_output: String,
+}
+
+/// Builds a [`Chain`] of `n >= 1` modules.
+pub fn chain(n: usize) -> Chain {
+    assert!(n >= 1, "a chain needs at least one module");
+    let mut sources = Vec::with_capacity(n + 1);
+    for i in 0..n {
+        let body = if i + 1 < n {
+            format!(
+                "long chain{next}(long);\nlong chain{i}(long x) {{ return chain{next}(x + {i}) + 1; }}\n",
+                next = i + 1
+            )
+        } else {
+            format!("long chain{i}(long x) {{ return 2 * x; }}\n")
+        };
+        sources.push((format!("mod{i}.c"), body));
+    }
+    let declarations: String = (0..n).map(|i| format!("long chain{i}(long);\n")).collect();
+    let calls: String = (0..n)
+        .map(|i| format!("    sum += chain{i}({i});\n"))
+        .collect();
+    let main = format!(
+        "#include <stdio.h>\n{declarations}int main(void) {{\n    long sum = 0;\n{calls}    printf(\"chain of {n}: %ld\\n\", sum);\n    return 0;\n}}\n"
+    );
+    sources.push(("main.c".to_owned(), main));
+
+    // chain_i(x) = chain_{i+1}(x + i) + 1, chain_{n-1}(x) = 2x; evaluated the same way here.
+    let value = |start: usize| {
+        let (mut x, mut added) = (start as i64, 0);
+        for j in start..n - 1 {
+            x += j as i64;
+            added += 1;
+        }
+        2 * x + added
+    };
+    let sum: i64 = (0..n).map(value).sum();
+    Chain {
+        sources,
+        expected_output: format!("chain of {n}: {sum}\n"),
+    }
+}
+
+/// Reads and parses a JSON file, panicking with the path on failure.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}\n{text}", path.display()))
+}
+
+/// Writes a file, creating its directory.
+pub fn write(path: &Path, contents: &[u8]) {
+    create_parent(path);
+    fs::write(path, contents).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+fn create_parent(path: &Path) {
+    if let Some(parent) = path.parent() {
+        create_dir(parent);
+    }
+}
+
+fn create_dir(dir: &Path) {
+    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+}
+
+/// A `dtlto-reapi serve` test server on loopback, killed when dropped.
+///
+/// [`Server::start`] runs `dtlto-reapi serve <args>` (e.g. `["--hide", dir]` so that actions cannot
+/// see the client's files), waits for its first stdout line, `listening on grpc://HOST:PORT`, and
+/// keeps that address for [`Server::url`]. Everything the server prints afterwards is forwarded to
+/// the test's captured stderr, prefixed with `serve:`.
+pub struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    /// How long the server may take to print its address.
+    const STARTUP: Duration = Duration::from_secs(30);
+
+    pub fn start<I, S>(args: I) -> Server
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(distributor());
+        cmd.arg("serve")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let (first_line_tx, first_line) = mpsc::channel();
+        forward_lines(child.stdout.take(), Some(first_line_tx));
+        forward_lines(child.stderr.take(), None);
+        // From here on, dropping `server` kills the child, also when a check below panics.
+        let mut server = Server {
+            child,
+            url: String::new(),
+        };
+        let line = first_line.recv_timeout(Self::STARTUP).unwrap_or_else(|_| {
+            panic!(
+                "{cmd:?} exited or printed nothing within {:?}",
+                Self::STARTUP
+            )
+        });
+        match line.trim().strip_prefix("listening on ") {
+            Some(url) if url.starts_with("grpc://") => server.url = url.to_owned(),
+            _ => panic!("{cmd:?} printed {line:?} instead of `listening on grpc://HOST:PORT`"),
+        }
+        server
+    }
+
+    /// `grpc://HOST:PORT`, as the server printed it.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // The server may have exited already; either way it must not outlive the test.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Copies every line of a child's stream to this test's (captured) stderr, prefixed with `serve:`,
+/// on a thread of its own; the first line goes to `first_line` instead when one is given.
+fn forward_lines(
+    stream: Option<impl Read + Send + 'static>,
+    first_line: Option<mpsc::Sender<String>>,
+) {
+    let Some(stream) = stream else { return };
+    thread::spawn(move || {
+        let mut first_line = first_line;
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            match first_line.take() {
+                Some(tx) => {
+                    let _ = tx.send(line);
+                }
+                None => eprintln!("serve: {line}"),
+            }
+        }
+    });
+}
