@@ -72,10 +72,9 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         }
         Mode::Remote | Mode::CacheOnly => match RemoteExecutor::new(&ctx, settings).await {
             Ok(remote) => {
-                let ok = executor::run_all(&ctx, settings.remote_jobs, |job| {
-                    remote.run_job(&ctx, job)
-                })
-                .await;
+                let ok =
+                    executor::run_all(&ctx, settings.remote_jobs, |job| remote.run_job(&ctx, job))
+                        .await;
                 (ok, Some(remote.client().stats()))
             }
             Err(e) => {

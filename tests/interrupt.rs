@@ -20,18 +20,25 @@ fn hanging_link(dir: &Path, jobs: usize) -> std::path::PathBuf {
         "#!/bin/sh\necho $$ >> groups\nwhile [ \"$1\" != -o ]; do shift; done\nprintf half > \"$2\"\nsleep 30\n",
     )
     .unwrap();
-    std::fs::set_permissions(&compiler, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        &compiler,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let mut list = Vec::new();
     for i in 0..jobs {
         for name in [format!("m{i}.o"), format!("m{i}.bc")] {
             std::fs::write(dir.join(name), b"x").unwrap();
         }
-        list.push(json!({"args": [format!("m{i}.o"), "-o", format!("m{i}.native.o")],
+        list.push(
+            json!({"args": [format!("m{i}.o"), "-o", format!("m{i}.native.o")],
                          "inputs": [format!("m{i}.o"), format!("m{i}.bc")],
-                         "outputs": [format!("m{i}.native.o")]}));
+                         "outputs": [format!("m{i}.native.o")]}),
+        );
     }
     let file = dir.join("app.1.dist-file.json");
-    let job_file = json!({"common": {"linker_output": "app", "args": [compiler], "inputs": []}, "jobs": list});
+    let job_file =
+        json!({"common": {"linker_output": "app", "args": [compiler], "inputs": []}, "jobs": list});
     std::fs::write(&file, job_file.to_string()).unwrap();
     file
 }
@@ -52,7 +59,13 @@ fn interrupt_with(signal: i32, expected_status: i32) {
     let partial = || {
         std::fs::read_dir(dir.path())
             .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".tmp")
+            })
             .count()
     };
     while partial() < 2 {
@@ -80,9 +93,14 @@ fn interrupt_with(signal: i32, expected_status: i32) {
     let groups = std::fs::read_to_string(dir.path().join("groups")).unwrap();
     for group in groups.split_whitespace() {
         let group: i32 = group.parse().unwrap();
+        // Killed orphans are reaped by init shortly after; allow it a moment.
         // SAFETY: signal 0 only checks whether any process of the group exists.
-        let alive = unsafe { libc::kill(-group, 0) } == 0;
-        assert!(!alive, "processes of compile group {group} still run");
+        let alive = || unsafe { libc::kill(-group, 0) } == 0;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!alive(), "processes of compile group {group} still run");
     }
 }
 

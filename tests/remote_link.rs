@@ -42,7 +42,12 @@ fn hiding_server(project: &Project, extra: &[&str]) -> Server {
 }
 
 /// Links `project` to `output` through `server` and returns the link and its `--stats-json` jobs.
-fn remote_link(project: &Project, server: &Server, output: &str, extra: &[&str]) -> (Linked, Vec<Value>) {
+fn remote_link(
+    project: &Project,
+    server: &Server,
+    output: &str,
+    extra: &[&str],
+) -> (Linked, Vec<Value>) {
     let stats = project.dir().join(format!("{output}.stats.json"));
     let mut link = project
         .link(output)
@@ -93,7 +98,12 @@ fn native_object_contents(linked: &Linked) -> Vec<Vec<u8>> {
 fn actions(jobs: &[Value]) -> Vec<String> {
     let mut actions: Vec<String> = jobs
         .iter()
-        .map(|j| j["action"].as_str().unwrap_or_else(|| panic!("no action in {j}")).to_owned())
+        .map(|j| {
+            j["action"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no action in {j}"))
+                .to_owned()
+        })
         .collect();
     actions.sort();
     actions
@@ -101,8 +111,16 @@ fn actions(jobs: &[Value]) -> Vec<String> {
 
 /// Copies a project's working directory to a fresh temporary directory (another checkout).
 fn copy_elsewhere(project: &Project) -> tempfile::TempDir {
-    let copy = tempfile::Builder::new().prefix("dtlto copy (").tempdir().expect("tempdir");
-    run_ok(Command::new("cp").arg("-a").arg(format!("{}/.", project.dir().display())).arg(copy.path()));
+    let copy = tempfile::Builder::new()
+        .prefix("dtlto copy (")
+        .tempdir()
+        .expect("tempdir");
+    run_ok(
+        Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", project.dir().display()))
+            .arg(copy.path()),
+    );
     copy
 }
 
@@ -117,7 +135,10 @@ fn remote_link_runs_correctly_with_the_build_directory_hidden() {
 
     let local = project.link("local/app").save_temps().run();
     assert_eq!(local.run_program(), expected);
-    assert_eq!(native_object_contents(&linked), native_object_contents(&local));
+    assert_eq!(
+        native_object_contents(&linked),
+        native_object_contents(&local)
+    );
 }
 
 #[test]
@@ -136,7 +157,11 @@ fn relinks_hit_the_action_cache_even_for_archive_members_and_from_elsewhere() {
     // The same objects from another directory, named by absolute paths.
     let copy = copy_elsewhere(&project);
     let elsewhere = Project::new();
-    let inputs: Vec<PathBuf> = project.inputs().iter().map(|p| copy.path().join(p)).collect();
+    let inputs: Vec<PathBuf> = project
+        .inputs()
+        .iter()
+        .map(|p| copy.path().join(p))
+        .collect();
     let stats = elsewhere.dir().join("stats.json");
     let linked = elsewhere
         .link("app")
@@ -150,11 +175,22 @@ fn relinks_hit_the_action_cache_even_for_archive_members_and_from_elsewhere() {
 
 #[test]
 fn modules_named_by_absolute_paths_outside_the_working_directory_build_remotely() {
-    let Chain { sources, expected_output } = chain(3);
+    let Chain {
+        sources,
+        expected_output,
+    } = chain(3);
     let objects = Project::new();
-    let absolute: Vec<PathBuf> = sources.iter().map(|(name, code)| objects.dir().join(objects.compile(name, code))).collect();
+    let absolute: Vec<PathBuf> = sources
+        .iter()
+        .map(|(name, code)| objects.dir().join(objects.compile(name, code)))
+        .collect();
     let project = Project::new();
-    let server = Server::start(["--hide".to_owned(), objects.dir().display().to_string(), "--hide".to_owned(), project.dir().display().to_string()]);
+    let server = Server::start([
+        "--hide".to_owned(),
+        objects.dir().display().to_string(),
+        "--hide".to_owned(),
+        project.dir().display().to_string(),
+    ]);
     let stats = project.dir().join("stats.json");
     let linked = project
         .link("app")
@@ -176,12 +212,20 @@ fn modules_named_by_absolute_paths_outside_the_working_directory_build_remotely(
         .run();
     assert_eq!(linked.run_program(), expected_output);
     assert_eq!(ran(&stats_jobs(&stats)), only("local", 4));
-    assert_eq!(linked.stderr.matches("absolute path").count(), 1, "{}", linked.stderr);
+    assert_eq!(
+        linked.stderr.matches("absolute path").count(),
+        1,
+        "{}",
+        linked.stderr
+    );
 }
 
 #[test]
 fn mirror_layout_builds_remotely_and_relinks_of_plain_objects_hit() {
-    let Chain { sources, expected_output } = chain(3);
+    let Chain {
+        sources,
+        expected_output,
+    } = chain(3);
     let mut project = Project::new();
     project.add_sources(sources.iter().map(|(n, c)| (format!("sub dir/{n}"), c)));
     let server = hiding_server(&project, &[]);
@@ -195,7 +239,10 @@ fn mirror_layout_builds_remotely_and_relinks_of_plain_objects_hit() {
 
 #[test]
 fn a_non_ascii_archive_member_links_although_lld_corrupts_its_path_in_the_shard() {
-    let Chain { mut sources, expected_output } = chain(2);
+    let Chain {
+        mut sources,
+        expected_output,
+    } = chain(2);
     let archived = sources.remove(1);
     let mut project = Project::new();
     project.add_sources(sources.iter().map(|(n, c)| (n.as_str(), c.as_str())));
@@ -222,23 +269,42 @@ fn a_remote_compile_error_fails_the_link_with_the_compilers_message() {
         .save_temps()
         .run();
     linked.assert_failure();
-    assert!(linked.stderr.contains("-fno-such-flag-anywhere"), "{}", linked.stderr);
-    assert!(linked.stderr.contains("on the cluster"), "{}", linked.stderr);
-    assert!(linked.native_objects().is_empty(), "{:?}", linked.native_objects());
+    assert!(
+        linked.stderr.contains("-fno-such-flag-anywhere"),
+        "{}",
+        linked.stderr
+    );
+    assert!(
+        linked.stderr.contains("on the cluster"),
+        "{}",
+        linked.stderr
+    );
+    assert!(
+        linked.native_objects().is_empty(),
+        "{:?}",
+        linked.native_objects()
+    );
 }
 
 #[test]
 fn tiny_batches_force_bytestream_and_a_big_input_works() {
     // A module with a 12 MiB string of letters (bitcode stores them in 6 bits each): its bitcode is
     // bigger than 8 MiB.
-    let big: String = (0..12 << 20).map(|i: u32| char::from(b'a' + ((i.wrapping_mul(2654435761) >> 7) % 26) as u8)).collect();
+    let big: String = (0..12 << 20)
+        .map(|i: u32| char::from(b'a' + ((i.wrapping_mul(2654435761) >> 7) % 26) as u8))
+        .collect();
     let mut project = Project::new();
     project.add_sources([
         ("big.c".to_owned(), format!("const char big[] = \"{big}\";\nint pick(int i) {{ return big[i]; }}\n")),
         ("main.c".to_owned(), "#include <stdio.h>\nint pick(int);\nint main(void) { printf(\"%c\\n\", pick(12345)); return 0; }\n".to_owned()),
     ]);
     let expected = format!("{}\n", big.as_bytes()[12345] as char);
-    assert!(fs::metadata(project.dir().join("big.o")).expect("big.o").len() > 8 << 20);
+    assert!(
+        fs::metadata(project.dir().join("big.o"))
+            .expect("big.o")
+            .len()
+            > 8 << 20
+    );
     let server = hiding_server(&project, &["--max-batch-bytes=2048"]);
     let (linked, jobs) = remote_link(&project, &server, "out/app", &[]);
     assert_eq!(linked.run_program(), expected);
@@ -255,7 +321,11 @@ fn cache_only_mode_shares_results_and_uses_the_same_actions_as_remote_mode() {
     // A fresh build directory elsewhere downloads everything and compiles nothing.
     let copy = copy_elsewhere(&project);
     let elsewhere = Project::new();
-    let inputs: Vec<PathBuf> = project.inputs().iter().map(|p| copy.path().join(p)).collect();
+    let inputs: Vec<PathBuf> = project
+        .inputs()
+        .iter()
+        .map(|p| copy.path().join(p))
+        .collect();
     let stats = elsewhere.dir().join("stats.json");
     let linked = elsewhere
         .link("app")
@@ -274,7 +344,11 @@ fn cache_only_mode_shares_results_and_uses_the_same_actions_as_remote_mode() {
     assert_eq!(ran(&remote), only("action-cache", 4));
 
     // Read-only: misses (a platform property gives new actions) compile locally and store nothing.
-    let read_only = ["--mode=cache-only", "--remote-upload=false", "--platform=flavor=read-only"];
+    let read_only = [
+        "--mode=cache-only",
+        "--remote-upload=false",
+        "--platform=flavor=read-only",
+    ];
     let (_, misses) = remote_link(&project, &server, "four/app", &read_only);
     assert_eq!(ran(&misses), only("local", 4));
     let (linked, again) = remote_link(&project, &server, "five/app", &read_only);

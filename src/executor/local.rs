@@ -109,19 +109,21 @@ pub async fn run_job(job_file: &JobFile, job: &Job, cancel: &CancellationToken) 
     }
 }
 
-/// SIGTERM first, so that clang removes its own temporary files, then SIGKILL after a grace period.
+/// SIGTERM to the compile's process group first, so that clang removes its own temporary files, then
+/// SIGKILL to whatever is left of the group after a grace period.
 async fn terminate<F: std::future::Future + Unpin>(pid: Option<u32>, wait: &mut F) {
-    let Some(pid) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) else {
+    let Some(group) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) else {
         return;
     };
-    // SAFETY: kill(2) with a pid we spawned and have not reaped yet (the wait future is still pending).
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    if tokio::time::timeout(TERMINATE_GRACE, &mut *wait)
+    // SAFETY: kill(2) on the process group led by a child we spawned; the group id stays reserved
+    // while any member of the group lives, so it cannot name anyone else's processes.
+    unsafe { libc::kill(-group, libc::SIGTERM) };
+    let exited = tokio::time::timeout(TERMINATE_GRACE, &mut *wait)
         .await
-        .is_err()
-    {
-        // SAFETY: as above; the child has still not been reaped.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        .is_ok();
+    // SAFETY: as above. Even when the leader has exited, processes it started may remain.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    if !exited {
         let _ = wait.await;
     }
 }

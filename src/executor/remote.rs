@@ -119,18 +119,20 @@ impl RemoteExecutor {
                 client.endpoint()
             );
         }
-        let upload_results = mode == Mode::CacheOnly && settings.remote_upload && {
-            if !caps.ac_update_enabled {
-                ctx.reporter.warn_once(
+        let upload_results = mode == Mode::CacheOnly
+            && settings.remote_upload
+            && {
+                if !caps.ac_update_enabled {
+                    ctx.reporter.warn_once(
                     "read-only-cache",
                     &format!(
                         "the REAPI server {} does not accept action-cache updates; using its cache read-only",
                         client.endpoint()
                     ),
                 );
-            }
-            caps.ac_update_enabled
-        };
+                }
+                caps.ac_update_enabled
+            };
         let job_file = ctx.job_file.clone();
         let threads = settings.jobs;
         let digests = tokio::task::spawn_blocking(move || {
@@ -266,7 +268,11 @@ impl RemoteExecutor {
                 Ok(layout) => return Ok(layout),
                 Err(e) => ctx.reporter.warn_once(
                     e.cause,
-                    &format!("{}: {}; such jobs use the mirror layout", job.label(), e.detail),
+                    &format!(
+                        "{}: {}; such jobs use the mirror layout",
+                        job.label(),
+                        e.detail
+                    ),
                 ),
             }
         }
@@ -275,7 +281,10 @@ impl RemoteExecutor {
 
     async fn run_locally(&self, ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
         let Ok(_slot) = self.local_slots.acquire().await else {
-            return (JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO), Vec::new());
+            return (
+                JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO),
+                Vec::new(),
+            );
         };
         run_local_job(ctx, job).await
     }
@@ -290,22 +299,38 @@ impl RemoteExecutor {
         call: &CallContext,
         started: Instant,
     ) -> JobRecord {
-        match self.client.get_action_result(&spec.action_digest, true, call).await {
+        match self
+            .client
+            .get_action_result(&spec.action_digest, true, call)
+            .await
+        {
             Ok(Some(result)) if result.exit_code == 0 => {
                 if self.materialize(&job, spec, &result, call).await.is_ok() {
-                    ctx.reporter.diagnostics(&job, &self.stderr_of(&result, call).await, false);
-                    let mut record = JobRecord::new(&job, Status::Succeeded, Ran::ActionCache, started.elapsed());
+                    ctx.reporter
+                        .diagnostics(&job, &self.stderr_of(&result, call).await, false);
+                    let mut record = JobRecord::new(
+                        &job,
+                        Status::Succeeded,
+                        Ran::ActionCache,
+                        started.elapsed(),
+                    );
                     record.exit_code = Some(0);
                     return record;
                 }
             }
             Ok(_) => {}
-            Err(e) => ctx.reporter.warn_once("cache-lookup", &format!("action-cache lookups fail ({e}); compiling locally")),
+            Err(e) => ctx.reporter.warn_once(
+                "cache-lookup",
+                &format!("action-cache lookups fail ({e}); compiling locally"),
+            ),
         }
         let (record, output) = self.run_locally(ctx, job).await;
         if record.status == Status::Succeeded && self.upload_results {
             if let Err(e) = self.store_result(spec, output, call).await {
-                ctx.reporter.warn_once("cache-upload", &format!("cannot store results in the remote cache ({e})"));
+                ctx.reporter.warn_once(
+                    "cache-upload",
+                    &format!("cannot store results in the remote cache ({e})"),
+                );
             }
         }
         record
@@ -346,7 +371,9 @@ impl RemoteExecutor {
             }),
             ..Default::default()
         };
-        self.client.update_action_result(&spec.action_digest, result, call).await
+        self.client
+            .update_action_result(&spec.action_digest, result, call)
+            .await
     }
 
     /// Action cache first; on a miss upload and execute. Returns where the result came from.
@@ -498,7 +525,8 @@ impl RemoteExecutor {
 
 /// This machine's name, for the worker field of results it stores.
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "unknown host".to_owned(), |h| h.trim().to_owned())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "unknown host".to_owned(), |h| h.trim().to_owned())
 }
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.
