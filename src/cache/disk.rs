@@ -101,18 +101,22 @@ struct ScannedEntry {
 }
 
 impl DiskCache {
-    /// Opens (creating if needed) the cache in `dir`, bounded to about `max_bytes`. Only creates
-    /// what is missing: whatever an existing cache holds is kept.
+    /// Opens (creating if needed) the cache in `dir`, bounded to about `max_bytes`, and trims it
+    /// (see [`trim`](Self::trim): cheap unless it is over this bound, or its total is unknown
+    /// because the cache is new or damaged). Only creates what is missing and evicts only to meet
+    /// the bound: an existing cache keeps its entries.
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<DiskCache> {
         for sub in ["cas", "ac", "tmp"] {
             let path = dir.join(sub);
             fs::create_dir_all(&path).map_err(|e| annotate(e, "cannot create", &path))?;
         }
-        Ok(DiskCache {
+        let cache = DiskCache {
             root: dir.to_path_buf(),
             max_bytes,
             unflushed: AtomicU64::new(0),
-        })
+        };
+        cache.trim()?;
+        Ok(cache)
     }
 
     /// Where the cache lives when `--disk-cache` is given without a directory: the user's cache
@@ -521,4 +525,277 @@ fn annotate(e: io::Error, doing: &str, path: &Path) -> io::Error {
         e.kind(),
         format!("disk cache: {doing} {}: {e}", path.display()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bazel_remote_apis::build::bazel::remote::execution::v2::OutputFile;
+    use tempfile::TempDir;
+
+    fn open(max_bytes: u64) -> (TempDir, DiskCache) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = DiskCache::open(dir.path(), max_bytes).expect("open");
+        (dir, cache)
+    }
+
+    fn result_naming(blobs: &[&Digest]) -> ActionResult {
+        ActionResult {
+            output_files: blobs
+                .iter()
+                .enumerate()
+                .map(|(i, d)| OutputFile {
+                    path: format!("out{i}.o"),
+                    digest: Some((*d).clone()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn cas_path(cache: &DiskCache, d: &Digest) -> PathBuf {
+        cache.entry_path(Namespace::Cas, d).expect("valid digest")
+    }
+
+    fn ac_path(cache: &DiskCache, d: &Digest) -> PathBuf {
+        cache.entry_path(Namespace::Ac, d).expect("valid digest")
+    }
+
+    fn fetch(cache: &DiskCache, d: &Digest) -> Option<Vec<u8>> {
+        let dest = cache.dir().join("fetched");
+        let found = cache.fetch_blob(d, &dest).expect("fetch");
+        assert_eq!(found, dest.exists(), "dest exists exactly on a hit");
+        found.then(|| {
+            let data = fs::read(&dest).expect("read fetched");
+            fs::remove_file(&dest).expect("remove fetched");
+            data
+        })
+    }
+
+    fn set_used(path: &Path, secs_ago: u64) {
+        let file = File::open(path).expect("open entry");
+        let time = SystemTime::now() - Duration::from_secs(secs_ago);
+        file.set_times(FileTimes::new().set_modified(time))
+            .expect("set mtime");
+    }
+
+    fn recorded_total(cache: &DiskCache) -> Option<u64> {
+        fs::read_to_string(cache.dir().join("size"))
+            .ok()
+            .map(|t| t.parse().expect("size file holds a number"))
+    }
+
+    #[test]
+    fn round_trip_survives_reopen() {
+        let (dir, cache) = open(DEFAULT_MAX_BYTES);
+        let small = cache.store_bytes(b"hello").expect("store bytes");
+        assert_eq!(small, digest::of_bytes(b"hello"));
+        // Larger than the copy buffer, so copies take several reads.
+        let big_data: Vec<u8> = (0..3 * COPY_BUFFER + 5).map(|i| (i % 253) as u8).collect();
+        let source = dir.path().join("big.o");
+        fs::write(&source, &big_data).expect("write source");
+        let big = cache.store_file(&source).expect("store file");
+        assert_eq!(big, digest::of_bytes(&big_data));
+        let empty = digest::of_bytes(b"");
+        let mut result = result_naming(&[&small, &big, &empty]);
+        result.stderr_digest = Some(small.clone());
+        let action = digest::of_bytes(b"action");
+        cache.put_action_result(&action, &result).expect("put");
+        drop(cache);
+
+        let cache = DiskCache::open(dir.path(), DEFAULT_MAX_BYTES).expect("reopen");
+        assert_eq!(cache.get_action_result(&action).expect("get"), Some(result));
+        assert_eq!(fetch(&cache, &small).as_deref(), Some(&b"hello"[..]));
+        assert_eq!(fetch(&cache, &big), Some(big_data));
+        assert_eq!(fetch(&cache, &empty), Some(Vec::new()));
+    }
+
+    #[test]
+    fn absent_and_malformed_digests_are_misses() {
+        let (_dir, cache) = open(DEFAULT_MAX_BYTES);
+        let unknown = digest::of_bytes(b"never stored");
+        assert_eq!(cache.get_action_result(&unknown).expect("get"), None);
+        assert_eq!(fetch(&cache, &unknown), None);
+        let escaping = Digest {
+            hash: "../../../../etc/passwd".into(),
+            size_bytes: 1,
+        };
+        assert_eq!(cache.get_action_result(&escaping).expect("get"), None);
+        assert_eq!(fetch(&cache, &escaping), None);
+        let err = cache
+            .put_action_result(&escaping, &ActionResult::default())
+            .expect_err("a malformed action digest is refused");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn corrupt_blob_is_a_miss_and_deleted() {
+        let (_dir, cache) = open(DEFAULT_MAX_BYTES);
+        let d = cache.store_bytes(b"hello world").expect("store");
+        let path = cas_path(&cache, &d);
+        // Same size, different content: only the hash can tell.
+        fs::write(&path, b"hellO world").expect("corrupt");
+        assert_eq!(fetch(&cache, &d), None);
+        assert!(!path.exists(), "the corrupt entry is deleted");
+        // Storing it again repairs the cache.
+        cache.store_bytes(b"hello world").expect("store again");
+        assert_eq!(fetch(&cache, &d).as_deref(), Some(&b"hello world"[..]));
+    }
+
+    #[test]
+    fn wrong_size_blob_makes_the_action_a_miss() {
+        let (_dir, cache) = open(DEFAULT_MAX_BYTES);
+        let d = cache.store_bytes(b"object code").expect("store");
+        let action = digest::of_bytes(b"action");
+        cache
+            .put_action_result(&action, &result_naming(&[&d]))
+            .expect("put");
+        let path = cas_path(&cache, &d);
+        fs::write(&path, b"object").expect("truncate");
+        assert_eq!(cache.get_action_result(&action).expect("get"), None);
+        assert!(!path.exists(), "the wrong-size entry is deleted");
+    }
+
+    #[test]
+    fn partial_eviction_makes_the_action_a_miss() {
+        let (_dir, cache) = open(DEFAULT_MAX_BYTES);
+        let a = cache.store_bytes(b"first output").expect("store a");
+        let b = cache.store_bytes(b"second output").expect("store b");
+        let action = digest::of_bytes(b"action");
+        let result = result_naming(&[&a, &b]);
+        cache.put_action_result(&action, &result).expect("put");
+        assert!(cache.get_action_result(&action).expect("get").is_some());
+        fs::remove_file(cas_path(&cache, &b)).expect("evict b");
+        assert_eq!(cache.get_action_result(&action).expect("get"), None);
+        cache.store_bytes(b"second output").expect("store b again");
+        assert_eq!(cache.get_action_result(&action).expect("get"), Some(result));
+    }
+
+    #[test]
+    fn unreadable_action_results_are_misses_and_deleted() {
+        let (_dir, cache) = open(DEFAULT_MAX_BYTES);
+        let garbage = digest::of_bytes(b"garbage");
+        let path = ac_path(&cache, &garbage);
+        fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        fs::write(&path, [0xff, 0xff, 0xff, 0x07, 0x01]).expect("write garbage");
+        assert_eq!(cache.get_action_result(&garbage).expect("get"), None);
+        assert!(!path.exists());
+
+        // Decodes, but names a blob by a digest that is not one.
+        let bad_ref = digest::of_bytes(b"bad reference");
+        let malformed = Digest {
+            hash: "not hex".into(),
+            size_bytes: 3,
+        };
+        cache
+            .put_action_result(&bad_ref, &result_naming(&[&malformed]))
+            .expect("put");
+        assert_eq!(cache.get_action_result(&bad_ref).expect("get"), None);
+        assert!(!ac_path(&cache, &bad_ref).exists());
+    }
+
+    #[test]
+    fn trim_evicts_least_recently_used_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = DiskCache::open(dir.path(), 3000).expect("open bounded");
+        // Another instance with a larger bound (another link) fills the cache.
+        let blobs: Vec<Digest> = {
+            let filler = DiskCache::open(dir.path(), DEFAULT_MAX_BYTES).expect("open");
+            let blobs: Vec<Digest> = (0..4u8)
+                .map(|i| filler.store_bytes(&[i; 1000]).expect("store"))
+                .collect();
+            // Stored oldest first; then blob 0 is used, which makes blob 1 the oldest.
+            for (i, d) in blobs.iter().enumerate() {
+                set_used(&cas_path(&filler, d), 400 - 100 * i as u64);
+            }
+            assert!(fetch(&filler, &blobs[0]).is_some());
+            blobs
+            // Dropping the filler records its 4000 bytes in the shared total.
+        };
+        assert_eq!(recorded_total(&cache), Some(4000));
+        cache.trim().expect("trim");
+        // Down to 90% of the bound: the two least recently used go.
+        let present: Vec<bool> = blobs.iter().map(|d| cas_path(&cache, d).exists()).collect();
+        assert_eq!(present, [true, false, false, true]);
+        assert_eq!(recorded_total(&cache), Some(2000));
+        drop(cache);
+        // Opening with a lower bound trims at once.
+        let smaller = DiskCache::open(dir.path(), 1500).expect("open smaller");
+        assert_eq!(recorded_total(&smaller), Some(1000));
+        assert!(
+            cas_path(&smaller, &blobs[0]).exists(),
+            "the most recently used stays"
+        );
+    }
+
+    #[test]
+    fn stores_past_the_bound_trim_without_being_asked() {
+        let (_dir, cache) = open(10_000);
+        let blobs: Vec<Digest> = (0..30u8)
+            .map(|i| cache.store_bytes(&[i; 1000]).expect("store"))
+            .collect();
+        let present = blobs
+            .iter()
+            .filter(|d| cas_path(&cache, d).exists())
+            .count();
+        assert!((9..=10).contains(&present), "{present} blobs kept");
+        assert!(
+            cas_path(&cache, &blobs[29]).exists(),
+            "the newest blob is kept"
+        );
+    }
+
+    #[test]
+    fn the_total_counts_new_entries_once_and_trim_scans_only_when_needed() {
+        let (_dir, cache) = open(1 << 20);
+        let d = cache.store_bytes(&[7; 100]).expect("store");
+        cache
+            .store_bytes(&[7; 100])
+            .expect("store the same blob again");
+        let action = digest::of_bytes(b"action");
+        let result = result_naming(&[&d]);
+        cache.put_action_result(&action, &result).expect("put");
+        cache.trim().expect("trim");
+        let ac_len = result.encoded_len() as u64;
+        assert_eq!(recorded_total(&cache), Some(100 + ac_len));
+
+        // Under the bound, trim does not scan: a junk file in the layout survives it...
+        let junk = cas_path(&cache, &d).with_file_name("junk");
+        fs::write(&junk, b"junk").expect("write junk");
+        cache.trim().expect("trim");
+        assert!(junk.exists());
+        // ...until the total is unknown, which forces a scan that recounts and cleans.
+        fs::write(cache.dir().join("size"), "garbage").expect("corrupt the total");
+        cache.trim().expect("trim");
+        assert!(!junk.exists());
+        assert_eq!(recorded_total(&cache), Some(100 + ac_len));
+    }
+
+    #[test]
+    fn scans_remove_stale_temporary_files_only() {
+        let (_dir, cache) = open(1 << 20);
+        let stale = cache.dir().join("tmp").join("stale");
+        let fresh = cache.dir().join("tmp").join("fresh");
+        fs::write(&stale, b"left by a crash").expect("write");
+        fs::write(&fresh, b"being written").expect("write");
+        set_used(&stale, 2 * STALE_TEMP_AGE.as_secs());
+        fs::remove_file(cache.dir().join("size")).expect("forget the total");
+        cache.trim().expect("trim (an unknown total: scans)");
+        assert!(!stale.exists());
+        assert!(fresh.exists());
+    }
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("500M"), Ok(500_000_000));
+        assert_eq!(parse_size("10G"), Ok(10_000_000_000));
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size(" 2KiB "), Ok(2048));
+        for bad in ["", "0", "0G", "-1", "ten", "10X", "1e999", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
 }
