@@ -35,11 +35,15 @@
 //! - **Eviction only unlinks.** A reader that opened an entry before it was deleted still reads
 //!   the whole file; one that comes after finds nothing and reports a miss. A caller that got an
 //!   action result and then fails to fetch one of its blobs must treat the job as a miss.
+//! - **New entries are created without replacing** (`renameat2(RENAME_NOREPLACE)` or `link`), so
+//!   exactly one writer of a name learns that it created it and counts its size. A writer that
+//!   finds a blob already there keeps it (and marks it used); an action result is replaced.
 //! - **The size total is updated under an exclusive lock** on `DIR/lock`, and only when this
 //!   process has added enough bytes since its last update (or on [`DiskCache::trim`] and drop),
-//!   so stores rarely contend and never rescan the directory. The total may overestimate (two
-//!   links storing the same new blob both count it) but never underestimates what this process
-//!   added; when it exceeds the bound, a full scan replaces it with the exact figure.
+//!   so stores rarely contend and never rescan the directory. The total is approximate: it errs
+//!   high (a blob deleted as damaged stays counted; bytes stored during a scan are counted by
+//!   both) except for an action result replaced just as it was evicted, which nobody counts.
+//!   Whenever the total exceeds the bound, a full scan replaces it with the exact figure.
 //!
 //! These arguments rely on POSIX rename and unlink semantics (Linux, macOS).
 
@@ -230,7 +234,7 @@ impl DiskCache {
         let bytes = result.encode_to_vec();
         let mut temp = self.temp_file()?;
         temp.write_all(&bytes)?;
-        self.commit(temp, &path, bytes.len() as u64)
+        self.commit(temp, Namespace::Ac, &path, bytes.len() as u64)
     }
 
     /// Brings the cache under its bound: adds what this process stored to the shared total and,
@@ -249,7 +253,7 @@ impl DiskCache {
         let path = self
             .entry_path(Namespace::Cas, &digest)
             .ok_or_else(|| io::Error::other("computed a malformed digest"))?;
-        self.commit(temp, &path, digest::size(&digest))?;
+        self.commit(temp, Namespace::Cas, &path, digest::size(&digest))?;
         Ok(digest)
     }
 
@@ -258,22 +262,42 @@ impl DiskCache {
         NamedTempFile::new_in(&dir).map_err(|e| annotate(e, "cannot create a file in", &dir))
     }
 
-    /// Renames the complete `temp` to the entry `path` (replacing what is there, which also
-    /// repairs a damaged entry and marks it used) and counts `len` bytes if the entry is new.
-    fn commit(&self, temp: NamedTempFile, path: &Path, len: u64) -> io::Result<()> {
-        let existed = path.is_file();
+    /// Moves the complete `temp` to the entry `path` if no entry is there, counting `len` new
+    /// bytes. Otherwise a CAS entry of the right size is kept (the content is the same; it is
+    /// marked used) while a damaged blob or an older action result is replaced.
+    fn commit(
+        &self,
+        temp: NamedTempFile,
+        namespace: Namespace,
+        path: &Path,
+        len: u64,
+    ) -> io::Result<()> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(|e| annotate(e, "cannot create", parent))?;
         }
-        temp.persist(path)
-            .map_err(|e| annotate(e.error, "cannot store", path))?;
-        if !existed {
-            let pending = self.unflushed.fetch_add(len, Ordering::Relaxed) + len;
-            // Flushing every 1/16 of the bound keeps the shared total close without taking the
-            // lock on every store.
-            if pending > self.max_bytes / 16 {
-                self.trim()?;
-            }
+        let existing = match temp.persist_noclobber(path) {
+            Ok(_) => return self.count_new(len),
+            Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => e.file,
+            Err(e) => return Err(annotate(e.error, "cannot store", path)),
+        };
+        if let Namespace::Cas = namespace
+            && fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == len)
+        {
+            touch_path(path);
+            return Ok(());
+        }
+        existing
+            .persist(path)
+            .map(drop)
+            .map_err(|e| annotate(e.error, "cannot store", path))
+    }
+
+    /// Adds `len` bytes to what this process has stored, and brings the shared total up to date
+    /// once that reaches 1/16 of the bound: close enough without taking the lock on every store.
+    fn count_new(&self, len: u64) -> io::Result<()> {
+        let pending = self.unflushed.fetch_add(len, Ordering::Relaxed) + len;
+        if pending > self.max_bytes / 16 {
+            self.trim()?;
         }
         Ok(())
     }
