@@ -13,18 +13,18 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::OutputFile;
 use dtlto_reapi::cache::{DEFAULT_MAX_BYTES, DiskCache};
 use dtlto_reapi::reapi::{ActionResult, Digest, digest};
 
-/// Set in a child process: the cache directory; the child's worker number and the cache bound
-/// come in the two variables after it.
+/// Set in a child process: the cache directory; the child's worker number, the cache bound and
+/// the number of rounds come in the variables after it.
 const CHILD_DIR: &str = "DTLTO_DISK_CACHE_TEST_DIR";
 const CHILD_WORKER: &str = "DTLTO_DISK_CACHE_TEST_WORKER";
 const CHILD_MAX: &str = "DTLTO_DISK_CACHE_TEST_MAX";
+const CHILD_ROUNDS: &str = "DTLTO_DISK_CACHE_TEST_ROUNDS";
 
 const WORKERS: usize = 4;
 const THREADS: usize = 2;
 /// Entries every worker uses, and entries each worker has to itself.
 const SHARED: usize = 32;
 const OWN: usize = 16;
-const ROUNDS: usize = 3;
 
 /// One cache entry: an action whose result names one output blob.
 struct Entry {
@@ -127,6 +127,7 @@ fn child_worker() {
     let dir = PathBuf::from(std::env::var_os(CHILD_DIR).expect("run by a concurrency test"));
     let worker: usize = env_number(CHILD_WORKER);
     let max_bytes: u64 = env_number(CHILD_MAX);
+    let rounds: usize = env_number(CHILD_ROUNDS);
     let cache = DiskCache::open(&dir, max_bytes).expect("open");
     let go = dir.join("go");
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -141,10 +142,11 @@ fn child_worker() {
             s.spawn(move || {
                 let dest = scratch.join(format!("fetched-{thread}"));
                 let output = scratch.join(format!("output-{thread}"));
-                for round in 0..ROUNDS {
-                    // Threads and workers start at different points, so they collide on
-                    // different entries.
-                    let start = worker * 7 + thread * 3 + round;
+                for round in 0..rounds {
+                    // In the first round every thread walks the entries in the same order, so
+                    // they all miss, store and read the same entry at once; later rounds start
+                    // at different points, so that each also meets entries others just stored.
+                    let start = round * (worker * THREADS + thread + 1);
                     let entries = (0..SHARED)
                         .map(|i| Entry::shared((start + i) % SHARED))
                         .chain((0..OWN).map(|i| Entry::own(worker, (start + i) % OWN)));
@@ -169,7 +171,7 @@ fn env_number<T: std::str::FromStr>(name: &str) -> T {
 
 /// Runs the workers against one cache bounded to `max_bytes` and waits for them all to succeed.
 /// A worker's output goes to a log, shown only if it fails.
-fn run_workers(dir: &Path, max_bytes: u64) {
+fn run_workers(dir: &Path, max_bytes: u64, rounds: usize) {
     let exe = std::env::current_exe().expect("test binary");
     let logs = tempfile::tempdir().expect("log dir");
     let log = |worker: usize| logs.path().join(format!("worker-{worker}.log"));
@@ -182,6 +184,7 @@ fn run_workers(dir: &Path, max_bytes: u64) {
                 .env(CHILD_DIR, dir)
                 .env(CHILD_WORKER, worker.to_string())
                 .env(CHILD_MAX, max_bytes.to_string())
+                .env(CHILD_ROUNDS, rounds.to_string())
                 .stdout(out)
                 .stderr(err)
                 .spawn()
@@ -243,7 +246,7 @@ fn recorded_total(dir: &Path) -> u64 {
 #[test]
 fn concurrent_processes_leave_every_entry_intact() {
     let dir = tempfile::tempdir().expect("tempdir");
-    run_workers(dir.path(), DEFAULT_MAX_BYTES);
+    run_workers(dir.path(), DEFAULT_MAX_BYTES, 2);
 
     let cache = DiskCache::open(dir.path(), DEFAULT_MAX_BYTES).expect("open");
     let dest = dir.path().join("fetched");
@@ -263,7 +266,8 @@ fn concurrent_processes_under_eviction_get_intact_hits_or_misses() {
     // About a quarter of what the workers store fits: eviction runs all the time.
     let max_bytes = everything / 4;
     let dir = tempfile::tempdir().expect("tempdir");
-    run_workers(dir.path(), max_bytes);
+    // Many rounds: every miss rewrites an entry while others read, evict and rewrite it.
+    run_workers(dir.path(), max_bytes, 10);
 
     // Every worker checked each of its hits; now check what is left, undisturbed.
     let cache = DiskCache::open(dir.path(), max_bytes).expect("open");
