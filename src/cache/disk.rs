@@ -26,8 +26,8 @@
 //!   sees either no file or a complete one. Renaming over an existing entry leaves a reader that
 //!   already opened it reading the old, equally complete file.
 //! - **Writers of the same name agree.** A CAS name is the hash of the content, so two links
-//!   storing the same blob write identical bytes and both succeed; two results for one Action
-//!   are interchangeable outputs of the same compile, and the last rename wins.
+//!   storing the same blob write identical bytes and either copy is right; two results for one
+//!   Action are interchangeable outputs of the same compile.
 //! - **Readers verify.** A blob's size is checked before an action result is reported as a hit and
 //!   its SHA-256 while it is copied out; a blob or result that fails (a torn write after a power
 //!   loss, since nothing is fsync'd; a disk error; someone's garbage) is deleted and reported as a
@@ -37,7 +37,8 @@
 //!   action result and then fails to fetch one of its blobs must treat the job as a miss.
 //! - **New entries are created without replacing** (`renameat2(RENAME_NOREPLACE)` or `link`), so
 //!   exactly one writer of a name learns that it created it and counts its size. A writer that
-//!   finds a blob already there keeps it (and marks it used); an action result is replaced.
+//!   finds a blob of the right size already there keeps it (and marks it used); a blob of the
+//!   wrong size, or an action result, is replaced by a rename.
 //! - **The size total is updated under an exclusive lock** on `DIR/lock`, and only when this
 //!   process has added enough bytes since its last update (or on [`DiskCache::trim`] and drop),
 //!   so stores rarely contend and never rescan the directory. The total is approximate: it errs
@@ -259,7 +260,16 @@ impl DiskCache {
 
     fn temp_file(&self) -> io::Result<NamedTempFile> {
         let dir = self.root.join("tmp");
-        NamedTempFile::new_in(&dir).map_err(|e| annotate(e, "cannot create a file in", &dir))
+        NamedTempFile::new_in(&dir)
+            .or_else(|e| match e.kind() {
+                // Deleted under a running cache (say, by `rm -rf ~/.cache`): start afresh.
+                io::ErrorKind::NotFound => {
+                    fs::create_dir_all(&dir)?;
+                    NamedTempFile::new_in(&dir)
+                }
+                _ => Err(e),
+            })
+            .map_err(|e| annotate(e, "cannot create a file in", &dir))
     }
 
     /// Moves the complete `temp` to the entry `path` if no entry is there, counting `len` new
@@ -482,7 +492,12 @@ fn remove_entry(path: &Path) {
 /// directories that are not named like entries are not ours and are deleted; anything else the
 /// directory holds is left alone (the cache never deletes what it does not understand wholesale).
 fn scan_namespace(dir: &Path, entries: &mut Vec<ScannedEntry>) -> io::Result<()> {
-    let shards = fs::read_dir(dir).map_err(|e| annotate(e, "cannot list", dir))?;
+    let shards = match fs::read_dir(dir) {
+        Ok(shards) => shards,
+        // Deleted under a running cache: stores recreate what they need.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(annotate(e, "cannot list", dir)),
+    };
     for shard in shards.flatten() {
         let prefix = shard.file_name();
         let Some(prefix) = prefix.to_str().filter(|p| is_lower_hex(p, 2)) else {
@@ -808,6 +823,27 @@ mod tests {
         cache.trim().expect("trim (an unknown total: scans)");
         assert!(!stale.exists());
         assert!(fresh.exists());
+    }
+
+    #[test]
+    fn a_cache_deleted_while_open_keeps_working() {
+        let (_dir, cache) = open(1 << 20);
+        for sub in ["cas", "ac", "tmp"] {
+            fs::remove_dir_all(cache.dir().join(sub)).expect("rm -rf");
+        }
+        fs::remove_file(cache.dir().join("size")).expect("rm size");
+        cache.trim().expect("trim a cache with nothing in it");
+        let d = cache.store_bytes(b"after").expect("store");
+        let action = digest::of_bytes(b"action");
+        let result = result_naming(&[&d]);
+        cache.put_action_result(&action, &result).expect("put");
+        assert_eq!(cache.get_action_result(&action).expect("get"), Some(result));
+    }
+
+    #[test]
+    fn default_dir_is_named_after_the_program() {
+        let dir = DiskCache::default_dir().expect("this platform has a cache directory");
+        assert!(dir.ends_with("dtlto-reapi/disk-cache"), "{}", dir.display());
     }
 
     #[test]
