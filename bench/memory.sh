@@ -52,9 +52,9 @@ measure() { # name distributor-args...
     RSS_FILE=$out/$name.rss "$CLANG" --target=x86_64-linux-gnu -O1 -flto=thin "-fuse-ld=$LLD" @inputs.rsp \
         -o "$name" "${args[@]}" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
     local end=$EPOCHREALTIME
-    [[ $(./"$name") == "$(./local 2>/dev/null || ./"$name")" ]] || { say "$name printed something else"; exit 1; }
-    printf '%-16s %8.1f MiB peak RSS %8.1f s link\n' "$name" "$(($(cat "$out/$name.rss") * 10 / 1024))e-1" \
-        "$(python3 -c "print($end - $start)")"
+    [[ ! -x ./local || $(./"$name") == "$(./local)" ]] || { say "$name printed something else than local"; exit 1; }
+    python3 -c 'import sys; kib = int(open(sys.argv[2]).read().split()[-1]); print(f"{sys.argv[1]:<16}{kib / 1024:8.1f} MiB peak RSS{float(sys.argv[3]):8.1f} s link")' \
+        "$name" "$out/$name.rss" "$(python3 -c "print($end - $start)")"
 }
 
 echo "$modules modules, N=$jobs"
