@@ -64,9 +64,7 @@ pub struct NotRemotable {
 pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRemotable> {
     // Modules are recorded in the index shard by the paths the link used; absolute ones would have
     // to exist at the same absolute place on the worker.
-    let modules: Vec<&Path> = std::iter::once(job.module())
-        .chain(job.imports().iter().map(PathBuf::as_path))
-        .collect();
+    let modules: Vec<&Path> = std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path)).collect();
     if let Some(absolute) = modules.iter().find(|p| p.is_absolute()) {
         return Err(NotRemotable {
             cause: "absolute-module-path",
@@ -77,17 +75,9 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
             ),
         });
     }
-    let relative_common: Vec<&Path> = job_file
-        .common_inputs
-        .iter()
-        .map(PathBuf::as_path)
-        .filter(|p| p.is_relative())
-        .collect();
-    let mirrored: Vec<(&Path, PathBuf)> = modules
-        .iter()
-        .chain(&relative_common)
-        .map(|p| (*p, normalize(&cwd.join(p))))
-        .collect();
+    let relative_common: Vec<&Path> = job_file.common_inputs.iter().map(PathBuf::as_path).filter(|p| p.is_relative()).collect();
+    let mirrored: Vec<(&Path, PathBuf)> =
+        modules.iter().chain(&relative_common).map(|p| (*p, normalize(&cwd.join(p)))).collect();
 
     let mut root = cwd.to_path_buf();
     for (_, absolute) in &mirrored {
@@ -100,25 +90,16 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
     }
     let relative_to_root = |path: &Path| -> String {
         let rel = path.strip_prefix(&root).unwrap_or(path);
-        rel.components()
-            .map(|c| c.as_os_str().to_string_lossy())
-            .collect::<Vec<_>>()
-            .join("/")
+        rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
     };
     let mut layout = Layout::new(LayoutKind::Mirror, relative_to_root(cwd));
     for (path, absolute) in &mirrored {
-        layout
-            .inputs
-            .push((relative_to_root(absolute), path.to_path_buf()));
+        layout.inputs.push((relative_to_root(absolute), path.to_path_buf()));
     }
     let shard = layout.in_working_directory(SHARD_NAME);
     layout.inputs.push((shard, job.index_shard().to_owned()));
     layout.rename(job.index_shard(), SHARD_NAME.to_owned());
-    let absolute_common = job_file
-        .common_inputs
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.is_absolute());
+    let absolute_common = job_file.common_inputs.iter().enumerate().filter(|(_, p)| p.is_absolute());
     layout.add_common_inputs(absolute_common);
     layout.add_outputs(job);
     Ok(layout)
@@ -126,32 +107,20 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
 
 /// The canonical layout of `job`: modules named by content at the root of the input root, the index
 /// shard rewritten to those names, fixed names for everything else.
-pub fn canonical(
-    job_file: &JobFile,
-    job: &Job,
-    digests: &FileDigests,
-) -> Result<Layout, NotRemotable> {
+pub fn canonical(job_file: &JobFile, job: &Job, digests: &FileDigests) -> Result<Layout, NotRemotable> {
     let unreadable = |what: String| NotRemotable {
         cause: "canonical-shard-unreadable",
-        detail: format!(
-            "cannot read the index shard {}: {what}",
-            job.index_shard().display()
-        ),
+        detail: format!("cannot read the index shard {}: {what}", job.index_shard().display()),
     };
     let shard = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
     let entries = bitcode::shard_modules(&shard).map_err(|e| unreadable(e.to_string()))?;
 
     // The job's modules, each to be claimed by exactly one shard entry.
-    let modules: Vec<&Path> = std::iter::once(job.module())
-        .chain(job.imports().iter().map(PathBuf::as_path))
-        .collect();
+    let modules: Vec<&Path> = std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path)).collect();
     let mut claimed = vec![false; modules.len()];
     let mut matched: Vec<usize> = Vec::with_capacity(entries.len());
     for entry in &entries {
-        let by_hash = |i: usize| {
-            entry.hash.is_some()
-                && digests.get(modules[i]).and_then(|f| f.module_hash) == entry.hash
-        };
+        let by_hash = |i: usize| entry.hash.is_some() && digests.get(modules[i]).and_then(|f| f.module_hash) == entry.hash;
         let by_path = |i: usize| modules[i].as_os_str().as_encoded_bytes() == entry.path.as_slice();
         let found = (0..modules.len())
             .find(|&i| !claimed[i] && by_hash(i))
@@ -172,10 +141,7 @@ pub fn canonical(
     if !claimed[0] {
         return Err(NotRemotable {
             cause: "canonical-unmatched-module",
-            detail: format!(
-                "the index shard {} does not record the job's own module",
-                job.index_shard().display()
-            ),
+            detail: format!("the index shard {} does not record the job's own module", job.index_shard().display()),
         });
     }
 
@@ -183,31 +149,19 @@ pub fn canonical(
     // shard's order, so the summary keeps them apart.
     let mut names = vec![String::new(); modules.len()];
     let mut used: HashMap<String, usize> = HashMap::new();
-    let order = matched
-        .iter()
-        .copied()
-        .chain((0..modules.len()).filter(|i| !claimed[*i]));
+    let order = matched.iter().copied().chain((0..modules.len()).filter(|i| !claimed[*i]));
     for i in order {
-        let hash = digests
-            .get(modules[i])
-            .map(|f| f.digest.hash.clone())
-            .ok_or_else(|| NotRemotable {
-                cause: "planning",
-                detail: format!("{} was not hashed", modules[i].display()),
-            })?;
+        let hash = digests.get(modules[i]).map(|f| f.digest.hash.clone()).ok_or_else(|| NotRemotable {
+            cause: "planning",
+            detail: format!("{} was not hashed", modules[i].display()),
+        })?;
         let seen = used.entry(hash.clone()).or_insert(0);
-        names[i] = if *seen == 0 {
-            format!("{hash}.o")
-        } else {
-            format!("{hash}-{seen}.o")
-        };
+        names[i] = if *seen == 0 { format!("{hash}.o") } else { format!("{hash}-{seen}.o") };
         *seen += 1;
     }
     let mut next = matched.iter();
     let rewritten = bitcode::canonicalize_shard(&shard, |_| {
-        next.next()
-            .map(|&i| names[i].clone().into_bytes())
-            .unwrap_or_default()
+        next.next().map(|&i| names[i].clone().into_bytes()).unwrap_or_default()
     })
     .map_err(|e| unreadable(e.to_string()))?;
 
@@ -248,20 +202,15 @@ impl Layout {
     }
 
     fn rename(&mut self, local: &Path, name: String) {
-        self.renames
-            .insert(local.to_string_lossy().into_owned(), name);
+        self.renames.insert(local.to_string_lossy().into_owned(), name);
     }
 
     /// Common inputs (numbered by their place in `common.inputs`) under fixed names.
     fn add_common_inputs<'a>(&mut self, common: impl Iterator<Item = (usize, &'a PathBuf)>) {
         for (i, path) in common {
-            let file_name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let name = format!("{RESERVED_DIR}/common-{i}/{file_name}");
-            self.inputs
-                .push((self.in_working_directory(&name), path.clone()));
+            self.inputs.push((self.in_working_directory(&name), path.clone()));
             self.rename(path, name);
         }
     }
