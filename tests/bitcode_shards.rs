@@ -278,8 +278,10 @@ fn shards_of_a_real_link_read_match_and_rewrite() {
         // Names in the reverse order, so that the modules are renumbered on the way.
         let away_name = |e: &ModuleEntry| format!("some/other/dir/{}.bc", 9 - e.id).into_bytes();
         let away = canonicalize_shard(&shard, away_name).unwrap();
-        let original: HashMap<Vec<u8>, Vec<u8>> =
-            entries.iter().map(|e| (away_name(e), e.path.clone())).collect();
+        let original: HashMap<Vec<u8>, Vec<u8>> = entries
+            .iter()
+            .map(|e| (away_name(e), e.path.clone()))
+            .collect();
         let back = canonicalize_shard(&away, |e| original[&e.path].clone()).unwrap();
         assert_eq!(back, canonical, "{}: renamed and back", job.shard);
 
@@ -342,7 +344,8 @@ fn non_ascii_module_paths_are_repaired_by_rewriting() {
     let mut objects = Vec::new();
     for (n, job) in jobs.iter().enumerate() {
         let object = dir.join(format!("job{n}.o"));
-        let ascii = |file: &str| format!("m{}.o", job.modules.iter().position(|m| m == file).unwrap());
+        let ascii =
+            |file: &str| format!("m{}.o", job.modules.iter().position(|m| m == file).unwrap());
         let work = dir.join(format!("renamed{n}"));
         fs::write(&object, compile_renamed(&plan, dir, job, &work, &ascii).1).unwrap();
         objects.push(object);
@@ -364,7 +367,12 @@ fn non_ascii_module_paths_are_repaired_by_rewriting() {
 
 /// The name a distributor gives a module: the SHA-256 of its content.
 fn content_name(dir: &Path) -> impl Fn(&str) -> String {
-    move |file: &str| format!("{}.o", hex::encode(Sha256::digest(fs::read(dir.join(file)).unwrap())))
+    move |file: &str| {
+        format!(
+            "{}.o",
+            hex::encode(Sha256::digest(fs::read(dir.join(file)).unwrap()))
+        )
+    }
 }
 
 /// The same objects linked twice, with the outputs (and so the archive member lld extracts) in `one/`
@@ -422,20 +430,37 @@ fn the_same_objects_linked_under_other_paths_give_the_same_canonical_shards() {
             .expect("both links have a job for each module");
         let order = |job: &Job| -> Vec<String> {
             let entries = shard_modules(&fs::read(dir.join(&job.shard)).unwrap()).unwrap();
-            match_by_hash(dir, job, &entries).iter().map(|f| name(f)).collect()
+            match_by_hash(dir, job, &entries)
+                .iter()
+                .map(|f| name(f))
+                .collect()
         };
         if order(job) != order(other) {
             reordered += 1;
         }
         let (one, object) =
             compile_renamed(&links[0].0, dir, job, &dir.join(format!("one-{n}")), &name);
-        let (two, _) = compile_renamed(&links[1].0, dir, other, &dir.join(format!("two-{n}")), &name);
-        assert!(one == two, "{} and {}: canonical shards differ", job.shard, other.shard);
+        let (two, _) = compile_renamed(
+            &links[1].0,
+            dir,
+            other,
+            &dir.join(format!("two-{n}")),
+            &name,
+        );
+        assert!(
+            one == two,
+            "{} and {}: canonical shards differ",
+            job.shard,
+            other.shard
+        );
         assert!(
             object == fs::read(dir.join(&job.output)).unwrap(),
             "{}: native object differs",
             job.output
         );
     }
-    assert!(reordered > 0, "lld numbered the modules of some job differently in the two links");
+    assert!(
+        reordered > 0,
+        "lld numbered the modules of some job differently in the two links"
+    );
 }

@@ -175,9 +175,9 @@ impl Remap<'_> {
     fn values(
         &self,
         fields: &mut [u64],
-        range: impl Iterator<Item = usize>,
+        mut indices: impl Iterator<Item = usize>,
     ) -> Result<(), BitcodeError> {
-        range.map(|i| self.value(fields, i)).collect()
+        indices.try_for_each(|i| self.value(fields, i))
     }
 
     fn module(&self, fields: &mut [u64], i: usize) -> Result<(), BitcodeError> {
@@ -212,7 +212,7 @@ impl Remap<'_> {
                     })?;
                 // With a profile, each call is a (callee, hotness) pair.
                 let step = if code == FS_COMBINED_PROFILE { 2 } else { 1 };
-                if (ops - calls_at) % step != 0 {
+                if !(ops - calls_at).is_multiple_of(step) {
                     return Err(malformed(self.at, "function summary with half a call edge"));
                 }
                 self.module(&mut fields, 2)?;
