@@ -120,12 +120,12 @@ fn values(items: &[BodyItem], version: u64) -> Result<Values, BitcodeError> {
         if record.code() != FS_VALUE_GUID {
             continue;
         }
-        let guid = match (version >= SPLIT_GUID_VERSION, record.operands()) {
+        let (id, guid) = match (version >= SPLIT_GUID_VERSION, record.operands()) {
             (true, &[id, high, low]) if high >> 32 == 0 && low >> 32 == 0 => (id, high << 32 | low),
             (false, &[id, guid]) => (id, guid),
             _ => return Err(malformed(*at, "FS_VALUE_GUID record of the wrong shape")),
         };
-        pairs.push((guid.1, guid.0, *at));
+        pairs.push((guid, id, *at));
     }
     pairs.sort_unstable();
     let mut values = Values {
@@ -279,6 +279,15 @@ struct Group<'a> {
     emits: Vec<Emit<'a>>,
 }
 
+/// Where an item that keeps its place goes: before the summaries if none came yet, else after them.
+fn before_or_after<'v, T>(
+    groups: &[Group<'_>],
+    head: &'v mut Vec<T>,
+    tail: &'v mut Vec<T>,
+) -> &'v mut Vec<T> {
+    if groups.is_empty() { head } else { tail }
+}
+
 /// The summary block's body, as abbreviation definitions and records, with module IDs mapped by
 /// `modules` (old → new) and the values and summaries renumbered and ordered as the module doc says.
 pub(crate) fn canonical<'a>(
@@ -316,12 +325,7 @@ pub(crate) fn canonical<'a>(
                         "abbreviation defined between a summary's records",
                     ));
                 }
-                let place = if groups.is_empty() {
-                    &mut head
-                } else {
-                    &mut tail
-                };
-                place.push(Emit::Define(bits, abbrev));
+                before_or_after(&groups, &mut head, &mut tail).push(Emit::Define(bits, abbrev));
                 after_summary = false;
                 continue;
             }
@@ -347,12 +351,8 @@ pub(crate) fn canonical<'a>(
         match role {
             Role::Fixed | Role::ValueGuid if !pending.is_empty() => return Err(misplaced()),
             Role::Fixed => {
-                let place = if groups.is_empty() {
-                    &mut head
-                } else {
-                    &mut tail
-                };
-                place.push(Emit::Record(record.fields.clone()));
+                before_or_after(&groups, &mut head, &mut tail)
+                    .push(Emit::Record(record.fields.clone()));
             }
             Role::ValueGuid if !groups.is_empty() => return Err(misplaced()),
             Role::ValueGuid => {
