@@ -206,7 +206,7 @@ pub fn canonical(
         *seen += 1;
     }
     let mut next = matched.iter();
-    let rewritten = bitcode::rewrite_shard_paths(&shard, |_| {
+    let rewritten = bitcode::canonicalize_shard(&shard, |_| {
         next.next()
             .map(|&i| names[i].clone().into_bytes())
             .unwrap_or_default()
