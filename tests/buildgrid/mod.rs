@@ -21,8 +21,9 @@ use tempfile::TempDir;
 /// The configuration template; see its comments.
 const CONFIG: &str = include_str!("cache.yml");
 
-/// What BuildGrid prints when it cannot bind its address (e.g. a port taken since we probed it).
-const PORT_TAKEN: &str = "Unable to configure socket";
+/// What BuildGrid (gRPC's Python server) prints when it cannot bind its address, e.g. a port taken
+/// since the test probed it.
+const PORT_TAKEN: &str = "Failed to bind to address";
 
 /// How long `bgd server start` may take to serve (Python imports are slow on a loaded machine).
 const STARTUP: Duration = Duration::from_secs(60);
