@@ -181,14 +181,12 @@ pub fn canonical(
         });
     }
 
-    // Content-derived names; identical files at different paths get a deterministic suffix, in the
-    // shard's order, so the summary keeps them apart.
+    // Content-derived names; identical files at different paths get a suffix. The job's own module
+    // is named first, so it always gets the plain name; which of its identical twins gets which
+    // suffix cannot matter, as they have the same content.
     let mut names = vec![String::new(); modules.len()];
     let mut used: HashMap<String, usize> = HashMap::new();
-    let order = matched
-        .iter()
-        .copied()
-        .chain((0..modules.len()).filter(|i| !claimed[*i]));
+    let order = 0..modules.len();
     for i in order {
         let hash = digests
             .get(modules[i])
