@@ -325,13 +325,14 @@ impl RemoteExecutor {
             ),
         }
         let (record, output) = self.run_locally(ctx, job).await;
-        if record.status == Status::Succeeded && self.upload_results {
-            if let Err(e) = self.store_result(spec, output, call).await {
-                ctx.reporter.warn_once(
-                    "cache-upload",
-                    &format!("cannot store results in the remote cache ({e})"),
-                );
-            }
+        if record.status == Status::Succeeded
+            && self.upload_results
+            && let Err(e) = self.store_result(spec, output, call).await
+        {
+            ctx.reporter.warn_once(
+                "cache-upload",
+                &format!("cannot store results in the remote cache ({e})"),
+            );
         }
         record
     }
