@@ -336,8 +336,6 @@ fn persistent_corruption_is_an_infrastructure_failure() {
 const SLOWER_THAN_THE_DEADLINE: [&str; 2] = ["--fault-delay-ms=1500", "--remote-timeout=1"];
 
 #[test]
-#[ignore = "the link fails: Client::connect's GetCapabilities misses its deadline and \
-            RemoteExecutor::new (src/executor/remote.rs) fails the run instead of falling back"]
 fn a_server_slower_than_the_deadline_leaves_the_link_to_the_local_fallback() {
     let case = Case::new();
     let server = case.server(&SLOWER_THAN_THE_DEADLINE[..1]);
