@@ -15,6 +15,7 @@ use crate::config::{Mode, Settings};
 use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext};
 use crate::jobs::JobFile;
+use crate::reapi::ReapiError;
 use crate::report::Reporter;
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
@@ -62,20 +63,27 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         }
     };
 
+    let run_locally = || {
+        executor::run_all(&ctx, settings.jobs, |job| {
+            executor::run_local_job(&ctx, job).map(|(record, _)| record)
+        })
+    };
     let (succeeded, transfers) = match settings.mode {
-        Mode::Local => {
-            let ok = executor::run_all(&ctx, settings.jobs, |job| {
-                executor::run_local_job(&ctx, job).map(|(record, _)| record)
-            })
-            .await;
-            (ok, None)
-        }
+        Mode::Local => (run_locally().await, None),
         Mode::Remote | Mode::CacheOnly => match RemoteExecutor::new(&ctx, settings).await {
             Ok(remote) => {
                 let ok =
                     executor::run_all(&ctx, settings.remote_jobs, |job| remote.run_job(&ctx, job))
                         .await;
                 (ok, Some(remote.client().stats()))
+            }
+            // The cluster is down or too slow to answer: the link can still be done here.
+            Err(e) if settings.local_fallback && is_infrastructure(&e) => {
+                reporter.warn_once(
+                    "infrastructure",
+                    &format!("{e:#}; falling back to local compiles"),
+                );
+                (run_locally().await, None)
             }
             Err(e) => {
                 reporter.error(&format!("{e:#}"));
@@ -121,4 +129,12 @@ fn watch_signals(
         signalled.store(signo, Ordering::Relaxed);
         cancel.cancel();
     }))
+}
+
+/// Whether a failure to start the remote executor is the cluster's fault (unreachable, overloaded,
+/// timing out) rather than a configuration error, which must not be papered over by local compiles.
+fn is_infrastructure(error: &anyhow::Error) -> bool {
+    error
+        .downcast_ref::<ReapiError>()
+        .is_some_and(ReapiError::is_infrastructure)
 }

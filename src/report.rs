@@ -247,7 +247,13 @@ fn summary_line(
     wall: Duration,
 ) -> String {
     let count = |status: Status| records.iter().filter(|r| r.status == status).count();
-    let ran = |ran: Ran| records.iter().filter(|r| r.ran == ran).count();
+    // Where the jobs that ran to an end ran; cancelled ones are counted above.
+    let ran = |ran: Ran| {
+        records
+            .iter()
+            .filter(|r| r.ran == ran && matches!(r.status, Status::Succeeded | Status::Failed))
+            .count()
+    };
     let mut parts = vec![
         format!("{} jobs", records.len()),
         format!("{} failed", count(Status::Failed)),

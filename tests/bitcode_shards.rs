@@ -2,18 +2,20 @@
 //! with DTLTO and `--save-temps` (which keeps the job file, the shards, the native objects and the
 //! archive members lld extracts), with a serial distributor written into the test's directory.
 //!
-//! Each shard must read back as the modules its job names, match those modules by hash, survive
-//! rewriting byte for byte, and — with its modules copied to new names and its paths rewritten to
-//! match — make the backend compile produce the very native object lld's own job produced.
+//! Each shard must read back as the modules its job names, match those modules by hash, canonicalize
+//! to a form that depends on the new names only (the same objects linked under other paths give the
+//! same bytes), and — with its modules copied to new names and the shard canonicalized to match — make
+//! the backend compile produce the very native object lld's own job produced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use common::{TARGET, run_ok, toolchain};
-use dtlto_reapi::bitcode::{ModuleEntry, module_hash, rewrite_shard_paths, shard_modules};
+use common::{Project, TARGET, run_ok, toolchain};
+use dtlto_reapi::bitcode::{ModuleEntry, canonicalize_shard, module_hash, shard_modules};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 mod common;
 
@@ -38,10 +40,13 @@ fn compile(dir: &Path, name: &str, source: &str, extra: &[&str]) {
     );
 }
 
-/// Links `inputs` in `dir` with DTLTO through [`DISTRIBUTOR`], keeping every temporary file; returns
-/// the link's failure message if it failed, and the job file lld wrote.
-fn dtlto_link(dir: &Path, inputs: &[&str]) -> (Result<(), String>, Value) {
+/// Links `inputs` in `dir` to `output` with DTLTO through [`DISTRIBUTOR`], keeping every temporary
+/// file (lld writes them beside `output`); returns the link's failure message if it failed, and the job
+/// file lld wrote.
+fn dtlto_link(dir: &Path, inputs: &[&str], output: &str) -> (Result<(), String>, Value) {
     let tc = toolchain();
+    let output_dir = dir.join(output).parent().unwrap().to_owned();
+    fs::create_dir_all(&output_dir).unwrap();
     let distributor = dir.join("distributor.py");
     fs::write(&distributor, DISTRIBUTOR).unwrap();
     run_ok(Command::new("chmod").arg("+x").arg(&distributor));
@@ -52,7 +57,7 @@ fn dtlto_link(dir: &Path, inputs: &[&str]) -> (Result<(), String>, Value) {
             .arg(format!("-fuse-ld={}", tc.lld.display()))
             .args(inputs)
             // Without -ffat-lto-objects, lld links a FatLTO object's native code, not its bitcode.
-            .args(["-o", "app", "-Wl,--save-temps", "-ffat-lto-objects"])
+            .args(["-o", output, "-Wl,--save-temps", "-ffat-lto-objects"])
             .arg(format!("-fthinlto-distributor={}", distributor.display()))
             .arg(format!(
                 "-Wl,--thinlto-remote-compiler={}",
@@ -64,7 +69,7 @@ fn dtlto_link(dir: &Path, inputs: &[&str]) -> (Result<(), String>, Value) {
     } else {
         Err(String::from_utf8_lossy(&link.stderr).into_owned())
     };
-    let job_file = fs::read_dir(dir)
+    let job_file = fs::read_dir(output_dir)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .find(|path| path.to_string_lossy().ends_with(".dist-file.json"))
@@ -134,48 +139,56 @@ fn match_by_hash(dir: &Path, job: &Job, entries: &[ModuleEntry]) -> Vec<String> 
         .collect()
 }
 
-/// Copies the job's modules to `m<id>.o` in `work`, rewrites the shard to match, runs the backend compile
-/// there exactly as lld's job file says (but for the names), and returns the native object it wrote.
-fn compile_renamed(plan: &Value, dir: &Path, job: &Job, work: &Path) -> Vec<u8> {
+/// Copies the job's modules into `work` under the names `name` gives their files, canonicalizes the
+/// shard to match, runs the backend compile there exactly as lld's job file says (but for the names),
+/// and returns the canonical shard and the native object the compile wrote.
+fn compile_renamed(
+    plan: &Value,
+    dir: &Path,
+    job: &Job,
+    work: &Path,
+    name: &dyn Fn(&str) -> String,
+) -> (Vec<u8>, Vec<u8>) {
     fs::create_dir_all(work).unwrap();
     let shard = fs::read(dir.join(&job.shard)).unwrap();
     let entries = shard_modules(&shard).unwrap();
     let files = match_by_hash(dir, job, &entries);
-    let new_name = |entry: &ModuleEntry| format!("m{}.o", entry.id);
-    for (entry, file) in entries.iter().zip(&files) {
-        fs::copy(dir.join(file), work.join(new_name(entry))).unwrap();
+    for file in &files {
+        fs::copy(dir.join(file), work.join(name(file))).unwrap();
     }
-    let rewritten = rewrite_shard_paths(&shard, |entry| new_name(entry).into_bytes()).unwrap();
-    let reread = shard_modules(&rewritten).unwrap();
-    let want: Vec<ModuleEntry> = entries
+    let mut file_of = files.iter();
+    let canonical =
+        canonicalize_shard(&shard, |_| name(file_of.next().unwrap()).into_bytes()).unwrap();
+    // The entries, renamed and renumbered in the order of their new names.
+    let mut want: Vec<ModuleEntry> = entries
         .iter()
-        .map(|entry| ModuleEntry {
-            path: new_name(entry).into_bytes(),
+        .zip(&files)
+        .map(|(entry, file)| ModuleEntry {
+            path: name(file).into_bytes(),
             ..entry.clone()
         })
         .collect();
+    want.sort_by(|a, b| a.path.cmp(&b.path));
+    for (id, entry) in want.iter_mut().enumerate() {
+        entry.id = id as u64;
+    }
     assert_eq!(
-        reread, want,
-        "rewritten {} reads back with the new paths",
+        shard_modules(&canonical).unwrap(),
+        want,
+        "canonical {} reads back with the new paths, in their order",
         job.shard
     );
-    fs::write(work.join("index.bc"), &rewritten).unwrap();
+    fs::write(work.join("index.bc"), &canonical).unwrap();
 
-    let main = entries
-        .iter()
-        .zip(&files)
-        .find(|(_, file)| **file == job.modules[0])
-        .expect("the job's own module")
-        .0;
     let args = strings(&plan["common"]["args"]);
     run_ok(
         Command::new(&args[0])
             .current_dir(work)
             .args(&args[1..])
-            .arg(new_name(main))
+            .arg(name(&job.modules[0]))
             .args(["-fthinlto-index=index.bc", "-o", "out.o"]),
     );
-    fs::read(work.join("out.o")).unwrap()
+    (canonical, fs::read(work.join("out.o")).unwrap())
 }
 
 #[test]
@@ -199,7 +212,7 @@ fn shards_of_a_real_link_read_match_and_rewrite() {
     );
     assert!(fs::read(dir.join("two.o")).unwrap().starts_with(b"\x7fELF"));
 
-    let (linked, plan) = dtlto_link(dir, &["main.o", "two.o", "libthree.a"]);
+    let (linked, plan) = dtlto_link(dir, &["main.o", "two.o", "libthree.a"], "app");
     linked.expect("the DTLTO link succeeds");
     let status = Command::new(dir.join("app")).status().unwrap();
     assert_eq!(status.code(), Some(5), "app returns 2*1 + 3*1");
@@ -255,21 +268,30 @@ fn shards_of_a_real_link_read_match_and_rewrite() {
             );
         }
 
-        // (a) Rewriting to the same paths, or away and back, gives the shard byte for byte.
+        // (a) A canonical shard is left as it is by canonicalizing it again, and renaming away and
+        // back gives it again.
+        let canonical = canonicalize_shard(&shard, |e| e.path.clone()).unwrap();
         assert_eq!(
-            rewrite_shard_paths(&shard, |e| e.path.clone()).unwrap(),
-            shard
+            canonicalize_shard(&canonical, |e| e.path.clone()).unwrap(),
+            canonical
         );
-        let away = rewrite_shard_paths(&shard, |e| {
-            format!("some/other/dir/{}.bc", e.id).into_bytes()
-        })
-        .unwrap();
-        assert_ne!(away, shard);
-        let back = rewrite_shard_paths(&away, |e| entries[e.id as usize].path.clone()).unwrap();
-        assert_eq!(back, shard, "{}: renamed and back", job.shard);
+        // Names in the reverse order, so that the modules are renumbered on the way.
+        let away_name = |e: &ModuleEntry| format!("some/other/dir/{}.bc", 9 - e.id).into_bytes();
+        let away = canonicalize_shard(&shard, away_name).unwrap();
+        let original: HashMap<Vec<u8>, Vec<u8>> = entries
+            .iter()
+            .map(|e| (away_name(e), e.path.clone()))
+            .collect();
+        let back = canonicalize_shard(&away, |e| original[&e.path].clone()).unwrap();
+        assert_eq!(back, canonical, "{}: renamed and back", job.shard);
 
         // (d, e) Renamed modules and a rewritten shard compile to the same native object.
-        let object = compile_renamed(&plan, dir, job, &dir.join(format!("renamed{n}")));
+        let by_place = |file: &str| {
+            let place = job.modules.iter().position(|m| m == file).unwrap();
+            format!("m{place}.o")
+        };
+        let work = dir.join(format!("renamed{n}"));
+        let (_, object) = compile_renamed(&plan, dir, job, &work, &by_place);
         assert!(
             object == fs::read(dir.join(&job.output)).unwrap(),
             "{}: native object differs",
@@ -292,7 +314,7 @@ fn non_ascii_module_paths_are_repaired_by_rewriting() {
     );
     compile(dir, "\u{3b1}", "int g(int x) { return 3 * x + 1; }\n", &[]);
 
-    let (linked, plan) = dtlto_link(dir, &["main.o", "\u{3b1}.o"]);
+    let (linked, plan) = dtlto_link(dir, &["main.o", "\u{3b1}.o"], "app");
     let jobs = jobs(&plan);
     let main = jobs.iter().find(|job| job.modules[0] == "main.o").unwrap();
     let entries = shard_modules(&fs::read(dir.join(&main.shard)).unwrap()).unwrap();
@@ -322,11 +344,10 @@ fn non_ascii_module_paths_are_repaired_by_rewriting() {
     let mut objects = Vec::new();
     for (n, job) in jobs.iter().enumerate() {
         let object = dir.join(format!("job{n}.o"));
-        fs::write(
-            &object,
-            compile_renamed(&plan, dir, job, &dir.join(format!("renamed{n}"))),
-        )
-        .unwrap();
+        let ascii =
+            |file: &str| format!("m{}.o", job.modules.iter().position(|m| m == file).unwrap());
+        let work = dir.join(format!("renamed{n}"));
+        fs::write(&object, compile_renamed(&plan, dir, job, &work, &ascii).1).unwrap();
         objects.push(object);
     }
     run_ok(
@@ -341,5 +362,105 @@ fn non_ascii_module_paths_are_repaired_by_rewriting() {
         Command::new(dir.join("repaired")).status().unwrap().code(),
         Some(4),
         "g(1) = 3*1 + 1"
+    );
+}
+
+/// The name a distributor gives a module: the SHA-256 of its content.
+fn content_name(dir: &Path) -> impl Fn(&str) -> String {
+    move |file: &str| {
+        format!(
+            "{}.o",
+            hex::encode(Sha256::digest(fs::read(dir.join(file)).unwrap()))
+        )
+    }
+}
+
+/// The same objects linked twice, with the outputs (and so the archive member lld extracts) in `one/`
+/// and `two/`: lld numbers the modules differently (`one/...` sorts before `src (1)/...`, `two/...`
+/// after), yet each job's shard, renamed by content and canonicalized, comes out byte for byte the
+/// same, and the backend compile with it gives lld's own native object.
+#[test]
+fn the_same_objects_linked_under_other_paths_give_the_same_canonical_shards() {
+    let mut project = Project::new();
+    project.add_sources([
+        (
+            "src (1)/mod0.c",
+            "int f1(int); extern int g;\nint main(int argc, char **argv) { return f1(argc) + g; }\n",
+        ),
+        (
+            "src (1)/mod1.c",
+            "int f2(int); int f3(int); extern int g;\n\
+             static int local(int x) { return x + g; }\n\
+             int f1(int x) { return local(f2(x)) + f3(x); }\n",
+        ),
+    ]);
+    project.add_archive(
+        "src (1)/libchain (x).a",
+        [(
+            "src (1)/mod2.c",
+            "int g = 7;\nint f2(int x) { return x * g; }\n\
+             int f3(int) __attribute__((alias(\"f2\")));\n",
+        )],
+    );
+    let dir = project.dir();
+    let inputs: Vec<String> = project
+        .inputs()
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let links: Vec<(Value, Vec<Job>)> = ["one/app", "two/app"]
+        .iter()
+        .map(|output| {
+            let (linked, plan) = dtlto_link(dir, &inputs, output);
+            linked.expect("the DTLTO link succeeds");
+            let status = Command::new(dir.join(output)).status().unwrap();
+            assert_eq!(status.code(), Some(28), "app returns (1*7 + 7) + 1*7 + 7");
+            let jobs = jobs(&plan);
+            (plan, jobs)
+        })
+        .collect();
+    let name = content_name(dir);
+    let mut reordered = 0;
+    for (n, job) in links[0].1.iter().enumerate() {
+        let other = links[1]
+            .1
+            .iter()
+            .find(|other| name(&other.modules[0]) == name(&job.modules[0]))
+            .expect("both links have a job for each module");
+        let order = |job: &Job| -> Vec<String> {
+            let entries = shard_modules(&fs::read(dir.join(&job.shard)).unwrap()).unwrap();
+            match_by_hash(dir, job, &entries)
+                .iter()
+                .map(|f| name(f))
+                .collect()
+        };
+        if order(job) != order(other) {
+            reordered += 1;
+        }
+        let (one, object) =
+            compile_renamed(&links[0].0, dir, job, &dir.join(format!("one-{n}")), &name);
+        let (two, _) = compile_renamed(
+            &links[1].0,
+            dir,
+            other,
+            &dir.join(format!("two-{n}")),
+            &name,
+        );
+        assert!(
+            one == two,
+            "{} and {}: canonical shards differ",
+            job.shard,
+            other.shard
+        );
+        assert!(
+            object == fs::read(dir.join(&job.output)).unwrap(),
+            "{}: native object differs",
+            job.output
+        );
+    }
+    assert!(
+        reordered > 0,
+        "lld numbered the modules of some job differently in the two links"
     );
 }

@@ -3,20 +3,23 @@
 //!
 //! lld writes, for each ThinLTO backend job, an index shard (`*.native.o.thinlto.bc`) whose
 //! MODULE_STRTAB block records the path and hash of the job's module and of each module it imports from;
-//! the backend compile opens the imported modules by those paths. [`rewrite_shard_paths`] lets a
-//! distributor give the modules canonical names (so that actions are cacheable and relocatable), and
-//! [`module_hash`] matches each shard entry to an input file by content.
+//! the backend compile opens the imported modules by those paths. [`canonicalize_shard`] lets a
+//! distributor give the modules canonical names and makes the shard depend on those names only (so that
+//! actions are cacheable and relocatable), and [`module_hash`] matches each shard entry to an input file
+//! by content.
 //!
 //! Every function accepts any bytes: malformed input gives a [`BitcodeError`] saying what is wrong and at
 //! which bit, never a panic, and the work is bounded by the input's length.
 //!
 //! Layout: `bitstream` (bits, abbreviations, BLOCKINFO, the block walk), `container` (raw, wrapped or
-//! ELF-embedded bitcode), `shard` (MODULE_STRTAB read and rewrite), `module` (a module's hash).
+//! ELF-embedded bitcode), `shard` (MODULE_STRTAB read and rewrite), `summary` (the summary block's module
+//! and value IDs and record order), `module` (a module's hash).
 
 mod bitstream;
 mod container;
 mod module;
 mod shard;
+mod summary;
 
 /// What is wrong with a bitcode file. Bit offsets count from the start of the file (for an ELF file, from
 /// the start of its `.llvm.lto` section).
@@ -66,17 +69,24 @@ pub fn shard_modules(shard: &[u8]) -> Result<Vec<ModuleEntry>, BitcodeError> {
     shard::shard_modules(shard)
 }
 
-/// The same shard with each module path replaced by `new_path(entry)`; every other byte kept.
+/// The same shard with each module path replaced by `new_path(entry)`, in a form that depends only on
+/// the new paths and the modules' content, not on the original paths.
 ///
-/// `new_path` is called once per entry, in file order. Only the MODULE_STRTAB block is re-emitted, with
-/// the length words around it adjusted: a backend compile with the rewritten shard, given the modules
-/// under their new paths, produces the same native object. Returning each entry's own path gives back
-/// the input unchanged.
-pub fn rewrite_shard_paths(
+/// `new_path` is called once per entry, in file order. lld numbers a shard's modules in the sorted
+/// order of their original paths, and the summary refers to modules by number and lists its records in
+/// that order; so the modules are renumbered in the byte order of the new paths, MODULE_STRTAB is
+/// re-emitted in that order, and the summary block's module IDs, value IDs and record order are made
+/// canonical (see `summary`). Two links of the same objects under other paths, canonicalized with the
+/// same new names, give byte-identical shards; a backend compile with the result, given the modules
+/// under their new paths, produces the same native object. The new paths must be distinct.
+///
+/// A shard with records whose dependence on module order is not undone here (MemProf, summary versions
+/// other than 7 to 13, per-module summaries) gives [`BitcodeError::Unsupported`].
+pub fn canonicalize_shard(
     shard: &[u8],
     new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
 ) -> Result<Vec<u8>, BitcodeError> {
-    shard::rewrite_shard_paths(shard, new_path)
+    shard::canonicalize_shard(shard, new_path)
 }
 
 /// The MODULE_CODE_HASH of a module's bitcode (raw, wrapped, or inside an ELF `.llvm.lto` section);
@@ -143,44 +153,67 @@ mod tests {
         );
     }
 
+    fn names(names: &[&str]) -> impl FnMut(&ModuleEntry) -> Vec<u8> {
+        let names: Vec<Vec<u8>> = names.iter().map(|n| n.as_bytes().to_vec()).collect();
+        move |entry| names[entry.id as usize].clone()
+    }
+
     #[test]
-    fn rewriting_changes_only_the_paths() {
-        assert_eq!(
-            rewrite_shard_paths(SHARD, |entry| entry.path.clone()).unwrap(),
-            SHARD
-        );
-        let renamed = rewrite_shard_paths(SHARD, |entry| {
-            format!("cas/{}/m{}.o", "x".repeat(40), entry.id).into_bytes()
-        })
-        .unwrap();
-        assert_ne!(renamed.len(), SHARD.len());
-        assert_eq!(
-            paths(&renamed)[2],
-            format!("cas/{}/m2.o", "x".repeat(40)).into_bytes()
-        );
-        let hashes = |shard| {
-            shard_modules(shard)
-                .unwrap()
-                .into_iter()
-                .map(|entry| entry.hash)
-                .collect::<Vec<_>>()
+    fn canonicalizing_renumbers_the_modules_in_the_order_of_their_new_paths() {
+        let before = shard_modules(SHARD).unwrap();
+        // libt3.a(...) → m.o, t1.o → z.o, t2.o → a.o: the order becomes t2, libt3, t1.
+        let renamed = canonicalize_shard(SHARD, names(&["m.o", "z.o", "a.o"])).unwrap();
+        let after = shard_modules(&renamed).unwrap();
+        let summary = |entries: &[ModuleEntry]| -> Vec<(u64, Vec<u8>, Option<[u32; 5]>)> {
+            entries
+                .iter()
+                .map(|e| (e.id, e.path.clone(), e.hash))
+                .collect()
         };
-        assert_eq!(hashes(&renamed), hashes(SHARD));
-        // Back to the original names: LLVM's abbreviations are used again, so the bytes come back exactly.
-        let originals = paths(SHARD);
-        let restored =
-            rewrite_shard_paths(&renamed, |entry| originals[entry.id as usize].clone()).unwrap();
-        assert_eq!(restored, SHARD);
-        // Shorter names, and names LLVM would encode as 8-bit characters.
-        for name in ["a", "é/\u{1F381}.o", ""] {
-            let rewritten = rewrite_shard_paths(SHARD, |_| name.as_bytes().to_vec()).unwrap();
-            assert!(paths(&rewritten).iter().all(|path| path == name.as_bytes()));
+        assert_eq!(
+            summary(&after),
+            [
+                (0, b"a.o".to_vec(), before[2].hash),
+                (1, b"m.o".to_vec(), before[0].hash),
+                (2, b"z.o".to_vec(), before[1].hash),
+            ]
+        );
+        // Longer names, and names LLVM would encode as 8-bit characters, read back as given.
+        let long = format!("cas/{}.o", "x".repeat(64));
+        for name in [long.as_str(), "\u{e9}/\u{1F381}.o"] {
+            let rewritten =
+                canonicalize_shard(SHARD, |e| format!("{name}{}", e.id).into_bytes()).unwrap();
+            let paths: Vec<Vec<u8>> = paths(&rewritten);
             assert_eq!(
-                rewrite_shard_paths(&rewritten, |entry| originals[entry.id as usize].clone())
-                    .unwrap(),
-                SHARD
+                paths,
+                (0..3)
+                    .map(|id| format!("{name}{id}").into_bytes())
+                    .collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn the_result_depends_on_the_new_names_only() {
+        let original = paths(SHARD);
+        let as_is = canonicalize_shard(SHARD, |e| e.path.clone()).unwrap();
+        // Canonical already: canonicalizing again changes nothing.
+        assert_eq!(
+            canonicalize_shard(&as_is, |e| e.path.clone()).unwrap(),
+            as_is
+        );
+        // A shard whose modules are numbered in another order (as when lld saw other paths), given the
+        // same names, comes out the same.
+        let reordered = canonicalize_shard(SHARD, names(&["c", "b", "a"])).unwrap();
+        assert_ne!(reordered, as_is);
+        let back = canonicalize_shard(&reordered, |e| original[2 - e.id as usize].clone()).unwrap();
+        assert_eq!(back, as_is);
+    }
+
+    #[test]
+    fn the_new_names_must_differ() {
+        let err = canonicalize_shard(SHARD, |_| b"same.o".to_vec()).unwrap_err();
+        assert!(matches!(err, BitcodeError::Unsupported { .. }), "{err}");
     }
 
     /// The shard behind the wrapper header, with a trailing pad as Darwin writes it.
@@ -204,13 +237,9 @@ mod tests {
             module_hash(&wrapped(MODULE)).unwrap(),
             module_hash(MODULE).unwrap()
         );
-        let renamed = rewrite_shard_paths(SHARD, |entry| {
-            format!("renamed-module-{}.o", entry.id).into_bytes()
-        })
-        .unwrap();
-        let renamed_wrapped = rewrite_shard_paths(&wrapped(SHARD), |entry| {
-            format!("renamed-module-{}.o", entry.id).into_bytes()
-        });
+        let rename = |entry: &ModuleEntry| format!("renamed-module-{}.o", entry.id).into_bytes();
+        let renamed = canonicalize_shard(SHARD, rename).unwrap();
+        let renamed_wrapped = canonicalize_shard(&wrapped(SHARD), rename);
         assert_eq!(renamed_wrapped.unwrap(), wrapped(&renamed));
     }
 
@@ -240,12 +269,17 @@ mod tests {
         ));
     }
 
-    /// Runs the three functions; they must return, whatever the input.
+    /// Runs the three functions; they must return, whatever the input, and a canonical shard must read
+    /// back and be left as it is by canonicalizing it again.
     fn exercise(bytes: &[u8]) {
         let _ = shard_modules(bytes);
         let _ = module_hash(bytes);
-        if let Ok(rewritten) = rewrite_shard_paths(bytes, |entry| entry.path.repeat(2)) {
+        if let Ok(rewritten) = canonicalize_shard(bytes, |entry| entry.path.repeat(2)) {
             shard_modules(&rewritten).expect("a rewritten shard parses");
+            assert_eq!(
+                canonicalize_shard(&rewritten, |entry| entry.path.clone()).as_ref(),
+                Ok(&rewritten)
+            );
         }
     }
 

@@ -1,56 +1,65 @@
-//! The module paths of a ThinLTO index shard: reading its MODULE_STRTAB block (inside MODULE_BLOCK) and
-//! rewriting it with new paths. The rewrite re-emits only that block's body, and patches its length word,
-//! the length words of the blocks around it and the wrapper's size: every other byte stays as it was, so a
-//! backend compile sees the same summary with only the paths changed. Entries whose path is unchanged keep
-//! their exact bits; a changed entry is re-encoded with its own abbreviation when the new path fits it
-//! (e.g. a char6 array cannot hold '/'), unabbreviated otherwise. Unlike module files, shards hold no
+//! The module table of a ThinLTO index shard: reading its MODULE_STRTAB block (inside MODULE_BLOCK), and
+//! rewriting the shard so that it depends only on the modules' new names.
+//!
+//! lld numbers the modules of a shard in the sorted order of their *original* paths, and the summary
+//! block (GLOBALVAL_SUMMARY, a sibling of MODULE_STRTAB) refers to modules by those numbers and orders
+//! its records by them. The rewrite therefore renames the modules, renumbers them in the byte order of
+//! the new paths, re-emits MODULE_STRTAB in that order, and hands the summary block to `summary` to
+//! remap and reorder. Only those two block bodies are re-emitted; the length words of the blocks around
+//! them and the wrapper's size are patched, and every other byte stays as it was. Shards hold no
 //! absolute offsets into the stream (VSTOFFSET, function offsets), so the length words are all there is
 //! to fix.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
-use super::bitstream::{self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, Cursor, Item};
+use super::bitstream::{
+    self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, Cursor, Item, Record,
+};
 use super::container::{self, WRAPPER_SIZE_AT};
-use super::{BitcodeError, ModuleEntry};
+use super::{BitcodeError, ModuleEntry, summary};
 
 pub(crate) const MODULE_BLOCK_ID: u64 = 8;
 const MODULE_STRTAB_BLOCK_ID: u64 = 19;
+const GLOBALVAL_SUMMARY_BLOCK_ID: u64 = 20;
 /// `[module id, path characters...]`
 const MST_CODE_ENTRY: u64 = 1;
 /// `[five 32-bit words]`: the hash of the module named by the ENTRY just before.
 const MST_CODE_HASH: u64 = 2;
 
-/// A piece of a MODULE_STRTAB body, in order.
-enum Piece {
-    /// Bits kept verbatim: abbreviation definitions, hashes, records of other kinds.
-    Copy(Range<u64>),
-    /// The ENTRY record of `entries[index]`, at `bits`, where the block's first `abbrevs` abbreviations
-    /// are defined.
-    Entry {
-        index: usize,
+/// What a block body holds, in file order.
+pub(crate) enum BodyItem {
+    /// An abbreviation definition, copied verbatim when the body is re-emitted.
+    Define {
         bits: Range<u64>,
-        abbrevs: usize,
+        abbrev: Abbrev,
+    },
+    Record {
+        at: u64,
+        record: Record,
     },
 }
 
-/// One MODULE_STRTAB block and where it sits.
-struct Strtab {
+/// One block whose body may be re-emitted.
+pub(crate) struct Block {
     len_word_at: usize,
     /// Length words of the blocks around it, outermost first.
     enclosing: Vec<usize>,
     body: Range<usize>,
     width: u32,
-    /// The block's abbreviations, in ID order.
-    abbrevs: Vec<Abbrev>,
-    pieces: Vec<Piece>,
+    /// The abbreviations in scope on entry (BLOCKINFO's for this block ID).
+    inherited: Vec<Abbrev>,
+    /// For MODULE_STRTAB, everything but its ENTRY and HASH records (which become `Shard::entries`).
+    pub(crate) items: Vec<BodyItem>,
 }
 
 struct Shard {
     /// The bitstream's bytes in the file.
     stream: Range<usize>,
-    entries: Vec<ModuleEntry>,
-    tables: Vec<Strtab>,
     wrapped: bool,
+    entries: Vec<ModuleEntry>,
+    tables: Vec<Block>,
+    summaries: Vec<Block>,
 }
 
 /// The operands as bytes, or an error naming the record.
@@ -81,92 +90,121 @@ pub(crate) fn hash_words(at: u64, operands: &[u64]) -> Result<[u32; 5], BitcodeE
     words.try_into().map_err(|_| bad())
 }
 
-/// Reads every MODULE_STRTAB of a shard, remembering what the rewrite needs.
-fn scan(bytes: &[u8]) -> Result<Shard, BitcodeError> {
+/// Adds a MODULE_STRTAB record to the entries it describes; other records stay in the block's items.
+/// `awaiting_hash` says whether the previous item was an ENTRY, which a HASH must directly follow.
+fn module_record(
+    entries: &mut Vec<ModuleEntry>,
+    table: &mut Block,
+    awaiting_hash: &mut bool,
+    at: u64,
+    record: Record,
+) -> Result<(), BitcodeError> {
+    let follows_entry = std::mem::replace(awaiting_hash, false);
+    match record.code() {
+        MST_CODE_ENTRY => {
+            let (&id, chars) =
+                record
+                    .operands()
+                    .split_first()
+                    .ok_or_else(|| BitcodeError::Malformed {
+                        at,
+                        what: "module path entry without a module ID".into(),
+                    })?;
+            entries.push(ModuleEntry {
+                id,
+                path: path_bytes(at, chars)?,
+                hash: None,
+            });
+            *awaiting_hash = true;
+        }
+        MST_CODE_HASH => {
+            let hash = hash_words(at, record.operands())?;
+            entries
+                .last_mut()
+                .filter(|_| follows_entry)
+                .ok_or_else(|| BitcodeError::Malformed {
+                    at,
+                    what: "module hash that does not follow a module path".into(),
+                })?
+                .hash = Some(hash);
+        }
+        _ => table.items.push(BodyItem::Record { at, record }),
+    }
+    Ok(())
+}
+
+/// Reads every MODULE_STRTAB of a shard and, with `summaries`, every summary block in a MODULE_BLOCK.
+fn scan(bytes: &[u8], summaries: bool) -> Result<Shard, BitcodeError> {
     let stream = container::bitcode_stream(bytes)?;
     let mut cursor = Cursor::new(bytes, stream.range.clone());
     let mut shard = Shard {
         stream: stream.range,
+        wrapped: stream.wrapped,
         entries: Vec::new(),
         tables: Vec::new(),
-        wrapped: stream.wrapped,
+        summaries: Vec::new(),
     };
     let mut open: Vec<usize> = Vec::new();
-    let mut table: Option<Strtab> = None;
+    // The block being read, and whether it is a MODULE_STRTAB.
+    let mut current: Option<(Block, bool)> = None;
+    let mut awaiting_hash = false;
     while let Some((bits, item)) = cursor.next()? {
-        match (item, table.as_mut()) {
+        match (item, current.as_mut()) {
             (Item::Block(_), Some(_)) => {
                 return Err(BitcodeError::Unsupported {
                     at: bits.start,
-                    what: "a block inside MODULE_STRTAB".into(),
+                    what: "a block inside MODULE_STRTAB or the summary".into(),
                 });
             }
             (Item::Block(header), None) => {
-                if matches!(
-                    header.id,
-                    BLOCKINFO_BLOCK_ID | MODULE_BLOCK_ID | MODULE_STRTAB_BLOCK_ID
-                ) {
+                let in_module = cursor.block_id() == Some(MODULE_BLOCK_ID);
+                let is_table = header.id == MODULE_STRTAB_BLOCK_ID;
+                let is_summary = summaries && in_module && header.id == GLOBALVAL_SUMMARY_BLOCK_ID;
+                if matches!(header.id, BLOCKINFO_BLOCK_ID | MODULE_BLOCK_ID)
+                    || is_table
+                    || is_summary
+                {
                     cursor.enter()?;
-                    if header.id == MODULE_STRTAB_BLOCK_ID {
-                        table = Some(Strtab {
+                    if is_table || is_summary {
+                        let block = Block {
                             len_word_at: header.len_word_at,
                             enclosing: open.clone(),
                             body: header.body,
                             width: header.width,
-                            abbrevs: cursor.abbrevs(),
-                            pieces: Vec::new(),
-                        });
+                            inherited: cursor.abbrevs(),
+                            items: Vec::new(),
+                        };
+                        current = Some((block, is_table));
                     }
                     open.push(header.len_word_at);
                 }
             }
             (Item::End, _) => {
                 open.pop();
-                shard.tables.extend(table.take());
-            }
-            (Item::DefineAbbrev(abbrev), Some(table)) => {
-                table.abbrevs.push(abbrev);
-                table.pieces.push(Piece::Copy(bits));
-            }
-            (Item::Record(record), Some(table)) => {
-                match record.code() {
-                    MST_CODE_ENTRY => {
-                        let (&id, chars) = record.operands().split_first().ok_or_else(|| {
-                            BitcodeError::Malformed {
-                                at: bits.start,
-                                what: "module path entry without a module ID".into(),
-                            }
-                        })?;
-                        shard.entries.push(ModuleEntry {
-                            id,
-                            path: path_bytes(bits.start, chars)?,
-                            hash: None,
-                        });
-                        let abbrevs = table.abbrevs.len();
-                        table.pieces.push(Piece::Entry {
-                            index: shard.entries.len() - 1,
-                            bits,
-                            abbrevs,
-                        });
-                    }
-                    MST_CODE_HASH => {
-                        let hash = hash_words(bits.start, record.operands())?;
-                        let owner = match table.pieces.last() {
-                            Some(Piece::Entry { index, .. }) => shard.entries.get_mut(*index),
-                            _ => None,
-                        };
-                        owner
-                            .ok_or_else(|| BitcodeError::Malformed {
-                                at: bits.start,
-                                what: "module hash that does not follow a module path".into(),
-                            })?
-                            .hash = Some(hash);
-                        table.pieces.push(Piece::Copy(bits));
-                    }
-                    _ => table.pieces.push(Piece::Copy(bits)),
+                match current.take() {
+                    Some((block, true)) => shard.tables.push(block),
+                    Some((block, false)) => shard.summaries.push(block),
+                    None => {}
                 }
             }
-            // Records and abbreviations of the blocks around MODULE_STRTAB: nothing to do.
+            (Item::DefineAbbrev(abbrev), Some((block, _))) => {
+                awaiting_hash = false;
+                block.items.push(BodyItem::Define { bits, abbrev });
+            }
+            (Item::Record(record), Some((block, true))) => {
+                module_record(
+                    &mut shard.entries,
+                    block,
+                    &mut awaiting_hash,
+                    bits.start,
+                    record,
+                )?;
+            }
+            (Item::Record(record), Some((block, false))) => {
+                let at = bits.start;
+                block.items.push(BodyItem::Record { at, record });
+            }
+            // Records and abbreviations of the blocks around: nothing to do.
             (Item::DefineAbbrev(_) | Item::Record(_), None) => {}
         }
     }
@@ -174,7 +212,38 @@ fn scan(bytes: &[u8]) -> Result<Shard, BitcodeError> {
 }
 
 pub(crate) fn shard_modules(bytes: &[u8]) -> Result<Vec<ModuleEntry>, BitcodeError> {
-    Ok(scan(bytes)?.entries)
+    Ok(scan(bytes, false)?.entries)
+}
+
+/// What a re-emitted block body is made of, in order.
+pub(crate) enum Emit<'a> {
+    /// An abbreviation definition of the original body, copied.
+    Define(&'a Range<u64>, &'a Abbrev),
+    /// A record (its code, then its operands), with the smallest abbreviation in scope that fits it.
+    Record(Vec<u64>),
+}
+
+/// The new body of `block`: `emits`, then END_BLOCK.
+fn body(
+    source: &BitReader<'_>,
+    block: &Block,
+    emits: Vec<Emit<'_>>,
+) -> Result<Vec<u8>, BitcodeError> {
+    let mut w = BitWriter::default();
+    let mut abbrevs = block.inherited.clone();
+    for emit in emits {
+        match emit {
+            Emit::Define(bits, abbrev) => {
+                w.copy(source, bits.clone())?;
+                abbrevs.push(abbrev.clone());
+            }
+            Emit::Record(fields) => {
+                bitstream::write_record(&mut w, block.width, &abbrevs, &fields, None)?
+            }
+        }
+    }
+    bitstream::write_end_block(&mut w, block.width);
+    Ok(w.into_bytes())
 }
 
 /// Adds `delta` to the little-endian 32-bit length field at byte `at`.
@@ -192,54 +261,114 @@ fn add_to_length(out: &mut [u8], at: usize, delta: i64) -> Result<(), BitcodeErr
     Ok(())
 }
 
-pub(crate) fn rewrite_shard_paths(
+/// `bytes` with the bodies of some blocks replaced, and the length words that cover them adjusted.
+fn splice(
     bytes: &[u8],
-    mut new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+    wrapped: bool,
+    mut bodies: Vec<(&Block, Vec<u8>)>,
 ) -> Result<Vec<u8>, BitcodeError> {
-    let shard = scan(bytes)?;
-    // Asked in file order, whatever order the tables are rewritten in.
-    let new_paths: Vec<Vec<u8>> = shard.entries.iter().map(&mut new_path).collect();
-    let source = BitReader::new(bytes, shard.stream.clone());
+    // Last block first, so that splicing one leaves the offsets of those before it valid.
+    bodies.sort_by_key(|(block, _)| std::cmp::Reverse(block.body.start));
     let mut out = bytes.to_vec();
     let mut total_delta = 0i64;
-    // Last table first, so that splicing one leaves the offsets of those before it valid.
-    for table in shard.tables.iter().rev() {
-        let mut w = BitWriter::default();
-        for piece in &table.pieces {
-            match piece {
-                Piece::Copy(bits) => w.copy(&source, bits.clone())?,
-                Piece::Entry {
-                    index,
-                    bits,
-                    abbrevs,
-                } => {
-                    let (Some(entry), Some(path)) =
-                        (shard.entries.get(*index), new_paths.get(*index))
-                    else {
-                        continue;
-                    };
-                    if *path == entry.path {
-                        w.copy(&source, bits.clone())?;
-                    } else {
-                        let mut fields = vec![MST_CODE_ENTRY, entry.id];
-                        fields.extend(path.iter().map(|&b| u64::from(b)));
-                        let abbrevs = table.abbrevs.get(..*abbrevs).unwrap_or_default();
-                        bitstream::write_record(&mut w, table.width, abbrevs, &fields, None)?;
-                    }
-                }
-            }
-        }
-        bitstream::write_end_block(&mut w, table.width);
-        let body = w.into_bytes();
-        let delta = (body.len() as i64 - table.body.len() as i64) / 4;
-        out.splice(table.body.clone(), body);
-        for &at in table.enclosing.iter().chain([&table.len_word_at]) {
+    for (block, body) in bodies {
+        let delta = (body.len() as i64 - block.body.len() as i64) / 4;
+        out.splice(block.body.clone(), body);
+        for &at in block.enclosing.iter().chain([&block.len_word_at]) {
             add_to_length(&mut out, at, delta)?;
         }
         total_delta += delta;
     }
-    if shard.wrapped {
+    if wrapped {
         add_to_length(&mut out, WRAPPER_SIZE_AT, total_delta * 4)?;
     }
     Ok(out)
+}
+
+fn unsupported(at: usize, what: impl Into<String>) -> BitcodeError {
+    BitcodeError::Unsupported {
+        at: at as u64 * 8,
+        what: what.into(),
+    }
+}
+
+pub(crate) fn canonicalize_shard(
+    bytes: &[u8],
+    mut new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+) -> Result<Vec<u8>, BitcodeError> {
+    let shard = scan(bytes, true)?;
+    let [table] = &shard.tables[..] else {
+        return Err(unsupported(
+            shard.stream.start,
+            format!("{} MODULE_STRTAB blocks, not one", shard.tables.len()),
+        ));
+    };
+    if shard.summaries.len() > 1 {
+        return Err(unsupported(
+            shard.stream.start,
+            "more than one summary block",
+        ));
+    }
+    if let Some(BodyItem::Record { at, record }) = table
+        .items
+        .iter()
+        .find(|item| matches!(item, BodyItem::Record { .. }))
+    {
+        return Err(BitcodeError::Unsupported {
+            at: *at,
+            what: format!("MODULE_STRTAB record of code {}", record.code()),
+        });
+    }
+
+    // Asked in file order; the new IDs follow the byte order of the new paths.
+    let mut renamed: Vec<(Vec<u8>, &ModuleEntry)> = shard
+        .entries
+        .iter()
+        .map(|entry| (new_path(entry), entry))
+        .collect();
+    renamed.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut module_ids = HashMap::with_capacity(renamed.len());
+    for (new_id, pair) in renamed.iter().enumerate() {
+        if module_ids.insert(pair.1.id, new_id as u64).is_some() {
+            return Err(BitcodeError::Malformed {
+                at: table.body.start as u64 * 8,
+                what: format!("module ID {} recorded twice", pair.1.id),
+            });
+        }
+    }
+    if let Some(pair) = renamed.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(unsupported(
+            table.body.start,
+            format!(
+                "two modules renamed to the same path {:?}",
+                String::from_utf8_lossy(&pair[0].0)
+            ),
+        ));
+    }
+
+    let source = BitReader::new(bytes, shard.stream.clone());
+    let mut emits: Vec<Emit<'_>> = table
+        .items
+        .iter()
+        .filter_map(|item| match item {
+            BodyItem::Define { bits, abbrev } => Some(Emit::Define(bits, abbrev)),
+            BodyItem::Record { .. } => None,
+        })
+        .collect();
+    for (new_id, (path, entry)) in renamed.iter().enumerate() {
+        let mut fields = vec![MST_CODE_ENTRY, new_id as u64];
+        fields.extend(path.iter().map(|&b| u64::from(b)));
+        emits.push(Emit::Record(fields));
+        if let Some(hash) = entry.hash {
+            let mut fields = vec![MST_CODE_HASH];
+            fields.extend(hash.map(u64::from));
+            emits.push(Emit::Record(fields));
+        }
+    }
+    let mut bodies = vec![(table, body(&source, table, emits)?)];
+    for summary in &shard.summaries {
+        let emits = summary::canonical(&summary.items, &module_ids)?;
+        bodies.push((summary, body(&source, summary, emits)?));
+    }
+    splice(bytes, shard.wrapped, bodies)
 }

@@ -7,7 +7,7 @@ pub mod remote;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -38,17 +38,17 @@ where
     let failed_ref = &failed;
     futures::stream::iter(order)
         .map(|job| async move {
-            if failed_ref.load(Ordering::Relaxed) && !ctx.keep_going || ctx.cancel.is_cancelled() {
-                return JobRecord::new(
-                    &job,
-                    Status::NotStarted,
-                    Ran::NotStarted,
-                    Instant::now().elapsed(),
-                );
+            // After an interrupt, or a failure without --keep-going, no new job starts.
+            if ctx.cancel.is_cancelled() {
+                return JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO);
             }
             let record = run_one(job).await;
             if record.status == Status::Failed {
                 failed_ref.store(true, Ordering::Relaxed);
+                // The link has failed: abandon the work in flight too, so lld hears it at once.
+                if !ctx.keep_going {
+                    ctx.cancel.cancel();
+                }
             }
             record
         })

@@ -325,13 +325,14 @@ impl RemoteExecutor {
             ),
         }
         let (record, output) = self.run_locally(ctx, job).await;
-        if record.status == Status::Succeeded && self.upload_results {
-            if let Err(e) = self.store_result(spec, output, call).await {
-                ctx.reporter.warn_once(
-                    "cache-upload",
-                    &format!("cannot store results in the remote cache ({e})"),
-                );
-            }
+        if record.status == Status::Succeeded
+            && self.upload_results
+            && let Err(e) = self.store_result(spec, output, call).await
+        {
+            ctx.reporter.warn_once(
+                "cache-upload",
+                &format!("cannot store results in the remote cache ({e})"),
+            );
         }
         record
     }
@@ -417,6 +418,15 @@ impl RemoteExecutor {
         };
         if result.exit_code != 0 {
             let stderr = self.stderr_of(&result, call).await;
+            // 126/127: the worker could not run the compiler at all (a shell's convention, which
+            // workers follow); the compile itself never happened, so the cluster is at fault.
+            if matches!(result.exit_code, 126 | 127) {
+                return Err(RemoteFailure::Infrastructure(format!(
+                    "the workers cannot run the compiler (exit code {}): {}",
+                    result.exit_code,
+                    String::from_utf8_lossy(&stderr).trim()
+                )));
+            }
             return Err(RemoteFailure::Compile {
                 exit_code: result.exit_code,
                 stderr,

@@ -181,14 +181,12 @@ pub fn canonical(
         });
     }
 
-    // Content-derived names; identical files at different paths get a deterministic suffix, in the
-    // shard's order, so the summary keeps them apart.
+    // Content-derived names; identical files at different paths get a suffix. The job's own module
+    // is named first, so it always gets the plain name; which of its identical twins gets which
+    // suffix cannot matter, as they have the same content.
     let mut names = vec![String::new(); modules.len()];
     let mut used: HashMap<String, usize> = HashMap::new();
-    let order = matched
-        .iter()
-        .copied()
-        .chain((0..modules.len()).filter(|i| !claimed[*i]));
+    let order = 0..modules.len();
     for i in order {
         let hash = digests
             .get(modules[i])
@@ -206,7 +204,7 @@ pub fn canonical(
         *seen += 1;
     }
     let mut next = matched.iter();
-    let rewritten = bitcode::rewrite_shard_paths(&shard, |_| {
+    let rewritten = bitcode::canonicalize_shard(&shard, |_| {
         next.next()
             .map(|&i| names[i].clone().into_bytes())
             .unwrap_or_default()

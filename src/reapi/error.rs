@@ -24,7 +24,7 @@ pub enum ReapiError {
     Unsupported { endpoint: String, what: String },
 
     /// An RPC failed with a gRPC status (after any retries).
-    #[error("{rpc} on {endpoint} failed with {code:?}: {message}{}", retries_note(*.retries))]
+    #[error("{rpc} on {endpoint} failed with {}: {message}{}", code_name(*.code), retries_note(*.retries))]
     Rpc {
         rpc: &'static str,
         endpoint: String,
@@ -57,6 +57,30 @@ pub enum ReapiError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// The canonical name of a gRPC code (`PERMISSION_DENIED`), as servers' documentation and logs
+/// spell it, rather than tonic's `PermissionDenied`.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
 }
 
 fn retries_note(retries: u32) -> String {
@@ -185,7 +209,7 @@ mod tests {
         assert!(!err.is_infrastructure());
         assert!(
             err.to_string()
-                .contains("Execute on grpc://h:1 failed with FailedPrecondition")
+                .contains("Execute on grpc://h:1 failed with FAILED_PRECONDITION: missing")
         );
 
         // The same status travelling as a google.rpc.Status inside a message.

@@ -218,6 +218,13 @@ impl Inner {
         status: &tonic::Status,
         attempts: &Attempts<'_>,
     ) -> ReapiError {
+        // tonic enforces the grpc-timeout each request carries and reports its expiry as
+        // CANCELLED ("Timeout expired"); once the call's deadline has passed, that is the deadline.
+        let status = if status.code() == tonic::Code::Cancelled && attempts.remaining().is_none() {
+            &retry::deadline_passed()
+        } else {
+            status
+        };
         ReapiError::rpc(rpc, &self.endpoint, status, attempts.retries())
     }
 
@@ -289,6 +296,34 @@ mod tests {
         // Type-checking `check` is the test.
         let _ = check;
         send(Client::connect(&ConnectionOptions::new("grpc://h:1")));
+    }
+
+    /// A server that accepts connections and never answers: nothing waits forever, the call ends
+    /// at its deadline and says so.
+    #[tokio::test]
+    async fn a_silent_server_fails_calls_with_deadline_exceeded() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let mut opts = ConnectionOptions::new(format!("grpc://{address}"));
+        opts.timeout = Duration::from_millis(300);
+        opts.max_retries = 2;
+        let started = Instant::now();
+        let err = Client::connect(&opts).await.unwrap_err();
+        silent.abort();
+        assert_eq!(err.code(), Some(tonic::Code::DeadlineExceeded), "{err}");
+        assert!(err.is_infrastructure());
+        assert!(err.to_string().contains("DEADLINE_EXCEEDED"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

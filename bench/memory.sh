@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Memory benchmark: peak RSS of dtlto-reapi for a generated link of MODULES (5000) small modules in
+# remote mode against `dtlto-reapi serve` on loopback, and in local mode for comparison.
+# Target: under 150 MiB in remote mode. Outputs go to bench/out/memory/ (gitignored).
+#
+# Environment: MODULES (5000), FUNCTIONS per module (1), JOBS (nproc).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+modules=${MODULES:-5000}
+functions=${FUNCTIONS:-1}
+jobs=${JOBS:-$(nproc)}
+out=$root/bench/out/memory
+project=$out/project
+say() { echo "bench/memory.sh: $*" >&2; }
+[[ -x /usr/bin/time ]] || { say "needs GNU time (Debian: apt-get install time)"; exit 1; }
+
+say "building dtlto-reapi (release)"
+cargo build --release --quiet --manifest-path "$root/Cargo.toml"
+distributor=$target/release/dtlto-reapi
+toolchain=$("$root/scripts/toolchain.sh")
+CLANG=$(sed -n 's/^CLANG=//p' <<<"$toolchain")
+LLD=$(sed -n 's/^LLD=//p' <<<"$toolchain")
+
+say "generating and compiling $modules modules in $project"
+rm -rf "$out"
+python3 "$root/bench/gen_project.py" "$project" "$modules" "$functions"
+cd "$project"
+printf '%s\n' *.c | xargs -P "$jobs" -n 16 sh -c \
+    'for f; do "$0" --target=x86_64-linux-gnu -O1 -flto=thin -c "$f" -o "${f%.c}.o" || exit 1; done' "$CLANG"
+printf '%s\n' *.o >inputs.rsp
+
+# lld runs this wrapper as the distributor; GNU time records dtlto-reapi's peak RSS in KiB.
+cat >"$out/measured-distributor" <<SH
+#!/bin/sh
+exec /usr/bin/time -f %M -o "\$RSS_FILE" "$distributor" "\$@"
+SH
+chmod +x "$out/measured-distributor"
+
+"$distributor" serve --workers "$jobs" >"$out/serve.out" 2>"$out/serve.err" &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+until url=$(sed -n 's/^listening on //p' "$out/serve.out") && [[ -n $url ]]; do sleep 0.05; done
+
+measure() { # name distributor-args...
+    local name=$1
+    shift
+    local args=(-Wl,--thinlto-remote-compiler="$CLANG" -fthinlto-distributor="$out/measured-distributor")
+    for a in "$@"; do args+=("-Xthinlto-distributor=$a"); done
+    local start=$EPOCHREALTIME
+    RSS_FILE=$out/$name.rss "$CLANG" --target=x86_64-linux-gnu -O1 -flto=thin "-fuse-ld=$LLD" @inputs.rsp \
+        -o "$name" "${args[@]}" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
+    local end=$EPOCHREALTIME
+    [[ ! -x ./local || $(./"$name") == "$(./local)" ]] || { say "$name printed something else than local"; exit 1; }
+    python3 -c 'import sys; kib = int(open(sys.argv[2]).read().split()[-1]); print(f"{sys.argv[1]:<16}{kib / 1024:8.1f} MiB peak RSS{float(sys.argv[3]):8.1f} s link")' \
+        "$name" "$out/$name.rss" "$(python3 -c "print($end - $start)")"
+}
+
+echo "$modules modules, N=$jobs"
+measure local --jobs="$jobs"
+measure remote-cold --remote="$url"
+measure remote-cached --remote="$url"

@@ -1,0 +1,401 @@
+//! The combined summary block (GLOBALVAL_SUMMARY) of an index shard, rewritten so that it no longer
+//! depends on the order of the modules' original paths.
+//!
+//! lld's writer (`IndexBitcodeWriter`) visits the shard's modules in the sorted order of their paths,
+//! and that order leaks into the block three ways: each summary record names its module by ID; value
+//! IDs (FS_VALUE_GUID maps each to a GUID, every other record refers to values by these IDs) are handed
+//! out in that visiting order; and the summary records come in that order. So, given the new module
+//! IDs, [`canonical`] remaps every module ID, renumbers the values 1.. in GUID order (a GUID is a hash
+//! of the symbol's name, so content), and sorts the summaries by (alias or not, new module ID, GUID),
+//! keeping aliases after everything else as the reader requires. A summary moves together with the
+//! type-test records before it, which the reader attaches to the next function summary, and with an
+//! ORIGINAL_NAME after it. Records that do not depend on module order (version, flags, CFI names,
+//! type IDs, block count) keep their places.
+//!
+//! Only LLVM's summary versions 7 to 13 are accepted, whose record layouts are known. MemProf records
+//! (stack IDs, callsite and allocation info, the context radix tree) are ordered and indexed by module
+//! order in ways not undone here, so they, like any record code not listed, make the shard
+//! [`BitcodeError::Unsupported`].
+
+use std::collections::HashMap;
+
+use super::BitcodeError;
+use super::shard::{BodyItem, Emit};
+
+const FS_COMBINED: u64 = 4;
+const FS_COMBINED_PROFILE: u64 = 5;
+const FS_COMBINED_GLOBALVAR_INIT_REFS: u64 = 6;
+const FS_COMBINED_ALIAS: u64 = 8;
+const FS_COMBINED_ORIGINAL_NAME: u64 = 9;
+const FS_VERSION: u64 = 10;
+const FS_TYPE_TESTS: u64 = 11;
+const FS_TYPE_TEST_ASSUME_VCALLS: u64 = 12;
+const FS_TYPE_CHECKED_LOAD_VCALLS: u64 = 13;
+const FS_TYPE_TEST_ASSUME_CONST_VCALL: u64 = 14;
+const FS_TYPE_CHECKED_LOAD_CONST_VCALL: u64 = 15;
+const FS_VALUE_GUID: u64 = 16;
+const FS_CFI_FUNCTION_DEFS: u64 = 17;
+const FS_CFI_FUNCTION_DECLS: u64 = 18;
+const FS_FLAGS: u64 = 20;
+const FS_TYPE_ID: u64 = 21;
+const FS_BLOCK_COUNT: u64 = 24;
+const FS_PARAM_ACCESS: u64 = 25;
+
+/// Summary versions whose combined records have the layout handled here (7 put the write-only
+/// reference count at its place; 11 split FS_VALUE_GUID's GUID into two 32-bit halves).
+const VERSIONS: std::ops::RangeInclusive<u64> = 7..=13;
+const SPLIT_GUID_VERSION: u64 = 11;
+
+/// Operands of FS_COMBINED and FS_COMBINED_PROFILE before the references: valueid, modid, flags,
+/// instcount, fflags, entrycount, numrefs, rorefcnt, worefcnt.
+const FUNCTION_FIXED: usize = 9;
+const FUNCTION_NUMREFS: usize = 6;
+/// Operands of FS_COMBINED_GLOBALVAR_INIT_REFS before the references: valueid, modid, flags, varflags.
+const VARIABLE_FIXED: usize = 4;
+
+/// How a record code takes part in the rewrite.
+enum Role {
+    /// Independent of module order; keeps its place.
+    Fixed,
+    /// FS_VALUE_GUID: renumbered and sorted.
+    ValueGuid,
+    /// Read by LLVM as belonging to the next function summary.
+    Attached,
+    /// A summary record; the flag says whether it is an alias.
+    Summary(bool),
+    /// Belongs to the summary record right before it.
+    OriginalName,
+}
+
+fn role(code: u64) -> Option<Role> {
+    Some(match code {
+        FS_VERSION
+        | FS_FLAGS
+        | FS_CFI_FUNCTION_DEFS
+        | FS_CFI_FUNCTION_DECLS
+        | FS_TYPE_ID
+        | FS_BLOCK_COUNT => Role::Fixed,
+        FS_VALUE_GUID => Role::ValueGuid,
+        FS_TYPE_TESTS
+        | FS_TYPE_TEST_ASSUME_VCALLS
+        | FS_TYPE_CHECKED_LOAD_VCALLS
+        | FS_TYPE_TEST_ASSUME_CONST_VCALL
+        | FS_TYPE_CHECKED_LOAD_CONST_VCALL
+        | FS_PARAM_ACCESS => Role::Attached,
+        FS_COMBINED | FS_COMBINED_PROFILE | FS_COMBINED_GLOBALVAR_INIT_REFS => Role::Summary(false),
+        FS_COMBINED_ALIAS => Role::Summary(true),
+        FS_COMBINED_ORIGINAL_NAME => Role::OriginalName,
+        _ => return None,
+    })
+}
+
+fn malformed(at: u64, what: impl Into<String>) -> BitcodeError {
+    BitcodeError::Malformed {
+        at,
+        what: what.into(),
+    }
+}
+
+fn unsupported(at: u64, what: impl Into<String>) -> BitcodeError {
+    BitcodeError::Unsupported {
+        at,
+        what: what.into(),
+    }
+}
+
+/// Old → new value IDs, and each old ID's GUID.
+struct Values {
+    new_id: HashMap<u64, u64>,
+    guid: HashMap<u64, u64>,
+    /// `[FS_VALUE_GUID, new id, guid...]` records in GUID order.
+    records: Vec<Vec<u64>>,
+}
+
+fn values(items: &[BodyItem], version: u64) -> Result<Values, BitcodeError> {
+    let mut pairs = Vec::new();
+    for item in items {
+        let BodyItem::Record { at, record } = item else {
+            continue;
+        };
+        if record.code() != FS_VALUE_GUID {
+            continue;
+        }
+        let (id, guid) = match (version >= SPLIT_GUID_VERSION, record.operands()) {
+            (true, &[id, high, low]) if high >> 32 == 0 && low >> 32 == 0 => (id, high << 32 | low),
+            (false, &[id, guid]) => (id, guid),
+            _ => return Err(malformed(*at, "FS_VALUE_GUID record of the wrong shape")),
+        };
+        pairs.push((guid, id, *at));
+    }
+    pairs.sort_unstable();
+    let mut values = Values {
+        new_id: HashMap::with_capacity(pairs.len()),
+        guid: HashMap::with_capacity(pairs.len()),
+        records: Vec::with_capacity(pairs.len()),
+    };
+    if let Some(pair) = pairs.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(malformed(
+            pair[1].2,
+            format!("GUID {:#x} has two value IDs", pair[1].0),
+        ));
+    }
+    for (new_id, &(guid, old_id, at)) in (1..).zip(&pairs) {
+        if values.new_id.insert(old_id, new_id).is_some() {
+            return Err(malformed(at, format!("value ID {old_id} given two GUIDs")));
+        }
+        values.guid.insert(old_id, guid);
+        values.records.push(if version >= SPLIT_GUID_VERSION {
+            vec![FS_VALUE_GUID, new_id, guid >> 32, guid & 0xFFFF_FFFF]
+        } else {
+            vec![FS_VALUE_GUID, new_id, guid]
+        });
+    }
+    Ok(values)
+}
+
+/// Rewrites one record's module and value IDs in place.
+struct Remap<'a> {
+    at: u64,
+    modules: &'a HashMap<u64, u64>,
+    values: &'a Values,
+}
+
+impl Remap<'_> {
+    fn value(&self, fields: &mut [u64], i: usize) -> Result<(), BitcodeError> {
+        let field = fields
+            .get_mut(i)
+            .ok_or_else(|| malformed(self.at, "summary record too short"))?;
+        *field =
+            *self.values.new_id.get(field).ok_or_else(|| {
+                malformed(self.at, format!("value ID {field} has no FS_VALUE_GUID"))
+            })?;
+        Ok(())
+    }
+
+    fn values(
+        &self,
+        fields: &mut [u64],
+        mut indices: impl Iterator<Item = usize>,
+    ) -> Result<(), BitcodeError> {
+        indices.try_for_each(|i| self.value(fields, i))
+    }
+
+    fn module(&self, fields: &mut [u64], i: usize) -> Result<(), BitcodeError> {
+        let field = fields
+            .get_mut(i)
+            .ok_or_else(|| malformed(self.at, "summary record too short"))?;
+        *field = *self.modules.get(field).ok_or_else(|| {
+            malformed(
+                self.at,
+                format!("module ID {field} is not in MODULE_STRTAB"),
+            )
+        })?;
+        Ok(())
+    }
+
+    /// The record with its IDs rewritten; `fields[0]` is the code, so operand `i` is `fields[i + 1]`.
+    fn record(&self, mut fields: Vec<u64>) -> Result<Vec<u64>, BitcodeError> {
+        let ops = fields.len().saturating_sub(1);
+        let code = fields.first().copied().unwrap_or_default();
+        match code {
+            FS_COMBINED | FS_COMBINED_PROFILE => {
+                let numrefs = fields
+                    .get(1 + FUNCTION_NUMREFS)
+                    .copied()
+                    .unwrap_or(u64::MAX);
+                let calls_at = usize::try_from(numrefs)
+                    .ok()
+                    .and_then(|n| n.checked_add(FUNCTION_FIXED))
+                    .filter(|&start| start <= ops)
+                    .ok_or_else(|| {
+                        malformed(self.at, "function summary shorter than its references")
+                    })?;
+                // With a profile, each call is a (callee, hotness) pair.
+                let step = if code == FS_COMBINED_PROFILE { 2 } else { 1 };
+                if !(ops - calls_at).is_multiple_of(step) {
+                    return Err(malformed(self.at, "function summary with half a call edge"));
+                }
+                self.module(&mut fields, 2)?;
+                self.values(&mut fields, std::iter::once(1))?;
+                self.values(
+                    &mut fields,
+                    (FUNCTION_FIXED + 1..calls_at + 1).chain((calls_at + 1..=ops).step_by(step)),
+                )?;
+            }
+            FS_COMBINED_GLOBALVAR_INIT_REFS => {
+                if ops < VARIABLE_FIXED {
+                    return Err(malformed(self.at, "variable summary too short"));
+                }
+                self.module(&mut fields, 2)?;
+                self.values(
+                    &mut fields,
+                    std::iter::once(1).chain(VARIABLE_FIXED + 1..=ops),
+                )?;
+            }
+            FS_COMBINED_ALIAS => {
+                if ops != 4 {
+                    return Err(malformed(self.at, "alias summary not of four operands"));
+                }
+                self.module(&mut fields, 2)?;
+                self.value(&mut fields, 1)?;
+                // 0: the aliasee's summary is not in the index.
+                if fields[4] != 0 {
+                    self.value(&mut fields, 4)?;
+                }
+            }
+            FS_PARAM_ACCESS => self.param_access(&mut fields)?,
+            _ => {}
+        }
+        Ok(fields)
+    }
+
+    /// `n x (paramno, lower, upper, numcalls, numcalls x (paramno, callee, lower, upper))`.
+    fn param_access(&self, fields: &mut [u64]) -> Result<(), BitcodeError> {
+        let mut i = 1;
+        while i < fields.len() {
+            let calls = fields
+                .get(i + 3)
+                .ok_or_else(|| malformed(self.at, "FS_PARAM_ACCESS cut short"))?;
+            let calls = usize::try_from(*calls)
+                .ok()
+                .filter(|&n| n <= fields.len())
+                .ok_or_else(|| malformed(self.at, "FS_PARAM_ACCESS with too many calls"))?;
+            i += 4;
+            for _ in 0..calls {
+                self.value(fields, i + 1)?;
+                i += 4;
+            }
+            if i > fields.len() {
+                return Err(malformed(self.at, "FS_PARAM_ACCESS cut short"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A summary record with what travels with it, and where it sorts.
+struct Group<'a> {
+    key: (bool, u64, u64),
+    emits: Vec<Emit<'a>>,
+}
+
+/// Where an item that keeps its place goes: before the summaries if none came yet, else after them.
+fn before_or_after<'v, T>(
+    groups: &[Group<'_>],
+    head: &'v mut Vec<T>,
+    tail: &'v mut Vec<T>,
+) -> &'v mut Vec<T> {
+    if groups.is_empty() { head } else { tail }
+}
+
+/// The summary block's body, as abbreviation definitions and records, with module IDs mapped by
+/// `modules` (old → new) and the values and summaries renumbered and ordered as the module doc says.
+pub(crate) fn canonical<'a>(
+    items: &'a [BodyItem],
+    modules: &HashMap<u64, u64>,
+) -> Result<Vec<Emit<'a>>, BitcodeError> {
+    let version = match items
+        .iter()
+        .find(|item| matches!(item, BodyItem::Record { .. }))
+    {
+        Some(BodyItem::Record { at, record }) if record.code() == FS_VERSION => {
+            let version = record.operands().first().copied().unwrap_or_default();
+            if !VERSIONS.contains(&version) {
+                return Err(unsupported(*at, format!("summary version {version}")));
+            }
+            version
+        }
+        _ => return Err(malformed(0, "summary block without FS_VERSION first")),
+    };
+    let values = values(items, version)?;
+
+    let mut head: Vec<Emit<'a>> = Vec::new();
+    let mut groups: Vec<Group<'a>> = Vec::new();
+    let mut tail: Vec<Emit<'a>> = Vec::new();
+    let mut pending: Vec<Emit<'a>> = Vec::new();
+    let mut table_written = false;
+    // Whether the last record was a summary, which an ORIGINAL_NAME may follow.
+    let mut after_summary = false;
+    for item in items {
+        let (at, record) = match item {
+            BodyItem::Define { bits, abbrev } => {
+                if !pending.is_empty() {
+                    return Err(unsupported(
+                        bits.start,
+                        "abbreviation defined between a summary's records",
+                    ));
+                }
+                before_or_after(&groups, &mut head, &mut tail).push(Emit::Define(bits, abbrev));
+                after_summary = false;
+                continue;
+            }
+            BodyItem::Record { at, record } => (*at, record),
+        };
+        let role = role(record.code())
+            .ok_or_else(|| unsupported(at, format!("summary record of code {}", record.code())))?;
+        let remap = Remap {
+            at,
+            modules,
+            values: &values,
+        };
+        let following_summary = std::mem::replace(&mut after_summary, false);
+        let misplaced = || {
+            unsupported(
+                at,
+                format!(
+                    "summary record of code {} out of LLVM's order",
+                    record.code()
+                ),
+            )
+        };
+        match role {
+            Role::Fixed | Role::ValueGuid if !pending.is_empty() => return Err(misplaced()),
+            Role::Fixed => {
+                before_or_after(&groups, &mut head, &mut tail)
+                    .push(Emit::Record(record.fields.clone()));
+            }
+            Role::ValueGuid if !groups.is_empty() => return Err(misplaced()),
+            Role::ValueGuid => {
+                if !std::mem::replace(&mut table_written, true) {
+                    head.extend(values.records.iter().cloned().map(Emit::Record));
+                }
+            }
+            Role::Attached | Role::Summary(_) if !tail.is_empty() => return Err(misplaced()),
+            Role::Attached => pending.push(Emit::Record(remap.record(record.fields.clone())?)),
+            Role::Summary(alias) => {
+                let fields = remap.record(record.fields.clone())?;
+                let old_value = record.operands().first().copied().unwrap_or_default();
+                let guid = values.guid.get(&old_value).copied().unwrap_or_default();
+                let module = fields.get(2).copied().unwrap_or_default();
+                let mut emits = std::mem::take(&mut pending);
+                emits.push(Emit::Record(fields));
+                groups.push(Group {
+                    key: (alias, module, guid),
+                    emits,
+                });
+                after_summary = true;
+            }
+            Role::OriginalName => match groups.last_mut() {
+                Some(group) if following_summary => {
+                    group.emits.push(Emit::Record(record.fields.clone()))
+                }
+                _ => {
+                    return Err(malformed(
+                        at,
+                        "FS_COMBINED_ORIGINAL_NAME that follows no summary",
+                    ));
+                }
+            },
+        }
+    }
+    if !pending.is_empty() {
+        return Err(malformed(
+            0,
+            "type information that no function summary follows",
+        ));
+    }
+    groups.sort_by_key(|group| group.key);
+    head.extend(groups.into_iter().flat_map(|group| group.emits));
+    head.extend(tail);
+    Ok(head)
+}

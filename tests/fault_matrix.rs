@@ -1,0 +1,414 @@
+//! The fault matrix: "a link survives a flaky cluster". Each test links a real C program through
+//! dtlto-reapi against its own `dtlto-reapi serve`, started with one of the server's fault knobs
+//! (failing RPCs, dropped Execute streams, corrupted downloads, slow answers, tiny batches) or
+//! killed in the middle of the link, and checks three things: the program prints what it should,
+//! its native objects are byte-identical to those of a local link of the same project, and the
+//! jobs ran where the fault says they must (`--stats-json`: `remote` when retries and resumption
+//! absorb the fault, `local` when the cluster is beyond saving and the local fallback finishes
+//! the link with one warning). Permanent failures must fail the link, naming the reason.
+//!
+//! The server cannot see the project's directory (`--hide`), as on a real cluster.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Chain, Linked, Project, Server, chain};
+use serde_json::Value;
+
+/// Modules in each test's program; with `main.c` and the archived module that is four jobs.
+const MODULES: usize = 3;
+const JOBS: usize = MODULES + 1;
+
+/// The text of the local fallback's warning (one line per cause, not per job).
+const FALLBACK_WARNING: &str = "falling back to local compiles";
+
+/// One test's program and what a local link of it produces.
+struct Case {
+    project: Project,
+    expected_output: String,
+    /// The local link's native objects, sorted by content (their names carry lld's PID).
+    local_objects: Vec<Vec<u8>>,
+}
+
+impl Case {
+    /// The chain program, its last module in a static archive, names with spaces and parentheses;
+    /// linked locally once for reference.
+    fn new() -> Case {
+        let Chain {
+            mut sources,
+            expected_output,
+        } = chain(MODULES);
+        let archived = sources.remove(MODULES - 1);
+        let mut project = Project::new();
+        project
+            .add_sources(sources.iter().map(|(n, c)| (format!("src (1)/{n}"), c)))
+            .add_archive("lib dir/libchain (x).a", [(archived.0, archived.1)]);
+        let local = project.link("local/app").save_temps().run();
+        assert_eq!(local.run_program(), expected_output);
+        let local_objects = native_object_contents(&local);
+        assert_eq!(local_objects.len(), JOBS, "{:?}", local.native_objects());
+        Case {
+            project,
+            expected_output,
+            local_objects,
+        }
+    }
+
+    /// A server with `faults` whose actions cannot see the project.
+    fn server(&self, faults: &[&str]) -> Server {
+        let mut args = vec![
+            "--hide".to_owned(),
+            self.project.dir().display().to_string(),
+        ];
+        args.extend(faults.iter().map(|s| (*s).to_owned()));
+        Server::start(args)
+    }
+
+    /// Links through `url` into `output`'s directory with `extra` distributor options; does not
+    /// judge the result.
+    fn link(&self, url: &str, output: &str, extra: &[&str]) -> Remote {
+        let stats = self.project.dir().join(format!("{output}.stats.json"));
+        let mut link = self
+            .project
+            .link(output)
+            .distributor_arg(format!("--remote={url}"))
+            .distributor_arg(format!("--stats-json={}", stats.display()))
+            .save_temps();
+        for arg in extra {
+            link = link.distributor_arg(arg);
+        }
+        let started = Instant::now();
+        let linked = link.run();
+        let elapsed = started.elapsed();
+        eprintln!(
+            "link {output}: {elapsed:.2?}, {}\n{}",
+            linked.status, linked.stderr
+        );
+        Remote {
+            stats: stats.exists().then(|| common::read_json(&stats)),
+            linked,
+            elapsed,
+        }
+    }
+
+    /// Asserts that `remote` linked the right program from objects identical to the local link's.
+    fn assert_correct(&self, remote: &Remote) {
+        assert_eq!(
+            remote.linked.run_program(),
+            self.expected_output,
+            "{}",
+            remote.linked.stderr
+        );
+        assert!(
+            native_object_contents(&remote.linked) == self.local_objects,
+            "the native objects differ from the local link's\n{}",
+            remote.linked.stderr
+        );
+    }
+}
+
+/// A link through a faulty server.
+struct Remote {
+    linked: Linked,
+    /// The `--stats-json` file, when the distributor got far enough to write it.
+    stats: Option<Value>,
+    elapsed: Duration,
+}
+
+impl Remote {
+    fn stats(&self) -> &Value {
+        self.stats
+            .as_ref()
+            .unwrap_or_else(|| panic!("the link wrote no --stats-json\n{}", self.linked.stderr))
+    }
+
+    /// How many jobs ran where (`remote`, `action-cache`, `local`).
+    fn ran(&self) -> BTreeMap<String, usize> {
+        let Some(Value::Array(jobs)) = self.stats().get("jobs") else {
+            panic!("no jobs array in {}", self.stats());
+        };
+        let mut counts = BTreeMap::new();
+        for job in jobs {
+            let place = job["ran"].as_str().unwrap_or("?").to_owned();
+            *counts.entry(place).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// RPC attempts the client repeated after transient failures.
+    fn rpc_retries(&self) -> u64 {
+        self.stats()["transfers"]["rpc_retries"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no transfers.rpc_retries in {}", self.stats()))
+    }
+
+    /// The stderr lines announcing the local fallback.
+    fn fallback_warnings(&self) -> Vec<&str> {
+        self.linked
+            .stderr
+            .lines()
+            .filter(|l| l.contains(FALLBACK_WARNING))
+            .collect()
+    }
+
+    /// Asserts that every job ran in `place`.
+    fn assert_all_ran(&self, place: &str) {
+        assert_eq!(
+            self.ran(),
+            BTreeMap::from([(place.to_owned(), JOBS)]),
+            "{}\n{}",
+            self.stats(),
+            self.linked.stderr
+        );
+    }
+
+    /// Asserts that every job fell back to a local compile, announced by exactly one warning
+    /// that mentions `cause`.
+    fn assert_fell_back(&self, cause: &str) {
+        self.assert_all_ran("local");
+        let warnings = self.fallback_warnings();
+        assert_eq!(warnings.len(), 1, "{}", self.linked.stderr);
+        assert!(warnings[0].contains(cause), "{}", self.linked.stderr);
+    }
+}
+
+fn native_object_contents(linked: &Linked) -> Vec<Vec<u8>> {
+    let mut contents: Vec<Vec<u8>> = linked
+        .native_objects()
+        .iter()
+        .map(|p| fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .collect();
+    contents.sort();
+    contents
+}
+
+#[test]
+fn unavailable_executes_are_retried() {
+    let case = Case::new();
+    let server = case.server(&["--fault-fail=Execute=UNAVAILABLE:3"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    case.assert_correct(&remote);
+    remote.assert_all_ran("remote");
+    assert!(remote.rpc_retries() >= 3, "{}", remote.stats());
+    assert!(
+        remote.fallback_warnings().is_empty(),
+        "{}",
+        remote.linked.stderr
+    );
+}
+
+#[test]
+fn dropped_execute_streams_are_resumed_and_forgotten_operations_executed_again() {
+    let case = Case::new();
+    // Resumed with WaitExecution.
+    let server = case.server(&["--fault-drop-execute-stream=2"]);
+    let remote = case.link(server.url(), "resumed/app", &[]);
+    case.assert_correct(&remote);
+    remote.assert_all_ran("remote");
+    assert!(remote.rpc_retries() >= 2, "{}", remote.stats());
+
+    // The server no longer knows the operations: executed again. The first execution went on
+    // after its stream broke, so the second may find its result in the action cache.
+    let server = case.server(&[
+        "--fault-drop-execute-stream=2",
+        "--fault-fail=WaitExecution=NOT_FOUND:2",
+    ]);
+    let remote = case.link(server.url(), "again/app", &[]);
+    case.assert_correct(&remote);
+    let ran = remote.ran();
+    assert_eq!(
+        ran.get("remote").unwrap_or(&0) + ran.get("action-cache").unwrap_or(&0),
+        JOBS,
+        "{}",
+        remote.stats()
+    );
+    // Two broken streams, two operations not found.
+    assert!(remote.rpc_retries() >= 4, "{}", remote.stats());
+}
+
+/// Every RPC of the servers killed mid-link takes this long, so that the link is still talking
+/// to the server when it dies.
+const SLOW_RPC_MS: u64 = 1000;
+
+/// Kills `server` once lld has handed the jobs to the distributor (the job file `--save-temps`
+/// keeps appears beside `output`) and `after` more has passed: past the connection
+/// (GetCapabilities takes [`SLOW_RPC_MS`]) and long before any job can have finished remotely.
+fn kill_mid_link(server: Server, output: &Path, after: Duration) -> thread::JoinHandle<()> {
+    let dir = output.parent().map(Path::to_path_buf).unwrap_or_default();
+    thread::spawn(move || {
+        let started = Instant::now();
+        let distributing = || {
+            fs::read_dir(&dir).is_ok_and(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".dist-file.json"))
+            })
+        };
+        while !distributing() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "lld never wrote its job file into {}",
+                dir.display()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        thread::sleep(after);
+        eprintln!(
+            "killing the server {:.2?} after the link started",
+            started.elapsed()
+        );
+        drop(server);
+    })
+}
+
+/// Links `case` through a slow server that is killed mid-link; returns the link and the server's
+/// address.
+fn link_while_the_server_dies(case: &Case, output: &str, extra: &[&str]) -> (Remote, String) {
+    let server = case.server(&[&format!("--fault-delay-ms={SLOW_RPC_MS}")]);
+    let url = server.url().to_owned();
+    let killer = kill_mid_link(
+        server,
+        &case.project.dir().join(output),
+        Duration::from_millis(SLOW_RPC_MS * 2),
+    );
+    let remote = case.link(&url, output, extra);
+    killer.join().expect("the killer thread panicked");
+    (remote, url)
+}
+
+#[test]
+fn a_server_killed_mid_link_leaves_the_link_to_the_local_fallback() {
+    let case = Case::new();
+    let (remote, url) = link_while_the_server_dies(&case, "out/app", &["--remote-retries=3"]);
+    case.assert_correct(&remote);
+    remote.assert_fell_back(&url);
+}
+
+#[test]
+fn without_fallback_a_server_killed_mid_link_fails_the_link_with_the_reason() {
+    let case = Case::new();
+    let (remote, url) = link_while_the_server_dies(
+        &case,
+        "out/app",
+        &["--remote-retries=3", "--local-fallback=false"],
+    );
+    remote.linked.assert_failure();
+    let stderr = &remote.linked.stderr;
+    assert!(remote.fallback_warnings().is_empty(), "{stderr}");
+    // The reason names the server and the gRPC failure.
+    assert!(
+        stderr.contains(&url) && stderr.contains("failed with"),
+        "{stderr}"
+    );
+    assert!(
+        !remote.ran().contains_key("local"),
+        "{}\n{stderr}",
+        remote.stats()
+    );
+}
+
+#[test]
+fn a_corrupted_download_is_read_again() {
+    let case = Case::new();
+    let server = case.server(&["--fault-corrupt-reads=1"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    // Had the corrupt blob been accepted, the objects would differ from the local link's; had it
+    // not been read again, the job would have run locally.
+    case.assert_correct(&remote);
+    remote.assert_all_ran("remote");
+}
+
+#[test]
+fn persistent_corruption_is_an_infrastructure_failure() {
+    let case = Case::new();
+    let server = case.server(&["--fault-corrupt-reads=1000000"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    case.assert_correct(&remote);
+    remote.assert_fell_back("corrupt");
+}
+
+/// A server that takes 1.5 s to answer anything, against a 1 s deadline per call.
+const SLOWER_THAN_THE_DEADLINE: [&str; 2] = ["--fault-delay-ms=1500", "--remote-timeout=1"];
+
+#[test]
+fn a_server_slower_than_the_deadline_leaves_the_link_to_the_local_fallback() {
+    let case = Case::new();
+    let server = case.server(&SLOWER_THAN_THE_DEADLINE[..1]);
+    let remote = case.link(server.url(), "out/app", &SLOWER_THAN_THE_DEADLINE[1..]);
+    eprintln!(
+        "a link against a server slower than the deadline took {:.2?}",
+        remote.elapsed
+    );
+    case.assert_correct(&remote);
+    remote.assert_fell_back("DEADLINE_EXCEEDED");
+}
+
+#[test]
+fn without_fallback_a_server_slower_than_the_deadline_fails_the_link_in_bounded_time() {
+    let case = Case::new();
+    let server = case.server(&SLOWER_THAN_THE_DEADLINE[..1]);
+    let remote = case.link(
+        server.url(),
+        "out/app",
+        &[SLOWER_THAN_THE_DEADLINE[1], "--local-fallback=false"],
+    );
+    eprintln!(
+        "a link against a server slower than the deadline failed after {:.2?}",
+        remote.elapsed
+    );
+    remote.linked.assert_failure();
+    let stderr = &remote.linked.stderr;
+    assert!(
+        stderr.contains(server.url()) && stderr.contains("DEADLINE_EXCEEDED"),
+        "{stderr}"
+    );
+    // Generous: a deadline that is not enforced would hang the link for minutes.
+    assert!(remote.elapsed < Duration::from_secs(30), "{stderr}");
+}
+
+#[test]
+fn tiny_batch_limit() {
+    let case = Case::new();
+    let server = case.server(&["--max-batch-bytes=1024"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    case.assert_correct(&remote);
+    remote.assert_all_ran("remote");
+}
+
+#[test]
+fn permission_denied_is_not_retried_and_fails_the_link() {
+    let case = Case::new();
+    let server = case.server(&["--fault-fail=GetActionResult=PERMISSION_DENIED:100"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    remote.linked.assert_failure();
+    assert!(
+        remote.linked.stderr.contains("PERMISSION_DENIED"),
+        "{}",
+        remote.linked.stderr
+    );
+    assert_eq!(remote.rpc_retries(), 0, "{}", remote.stats());
+    assert!(
+        remote.fallback_warnings().is_empty(),
+        "{}",
+        remote.linked.stderr
+    );
+    assert!(!remote.ran().contains_key("local"), "{}", remote.stats());
+}
+
+#[test]
+fn a_worker_without_the_compiler_leaves_the_link_to_the_local_fallback() {
+    let case = Case::new();
+    let server = case.server(&[]);
+    let remote = case.link(
+        server.url(),
+        "out/app",
+        &["--remote-compiler=/nonexistent/clang"],
+    );
+    case.assert_correct(&remote);
+    remote.assert_fell_back("cannot run the compiler");
+}
