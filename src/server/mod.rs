@@ -1,16 +1,294 @@
-//! `dtlto-reapi serve`: a small, real REAPI v2 server for tests, CI and single-machine use.
+//! `dtlto-reapi serve`: a small, real REAPI v2 server for tests, CI and single-machine use. It
+//! stores blobs and action results (in memory or under `--cas-dir`), runs actions with local
+//! workers, can hide directories from actions (`--hide`) the way a remote cluster cannot see the
+//! client's files, and has fault-injection knobs for testing clients. It is not a production
+//! cluster: use Buildbarn, BuildBuddy, NativeLink or BuildGrid for that.
+//!
+//! This file holds the command line and the wiring; each service lives in its own module.
 
+mod action_cache;
+mod bytestream;
+mod capabilities;
+mod cas;
+mod context;
+mod digest;
+mod execution;
+mod faults;
+mod inputs;
+mod isolation;
+mod outputs;
+mod paths;
+mod storage;
+mod worker;
+
+use anyhow::Context as _;
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    action_cache_server::ActionCacheServer, capabilities_server::CapabilitiesServer,
+    content_addressable_storage_server::ContentAddressableStorageServer,
+    execution_server::ExecutionServer,
+};
+use bazel_remote_apis::google::bytestream::byte_stream_server::ByteStreamServer;
+use bazel_remote_apis::google::longrunning::operations_server::OperationsServer;
 use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How long running RPCs may take to finish after SIGINT/SIGTERM before the server exits anyway.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// gRPC message overhead allowed on top of `--max-batch-bytes`.
+const MESSAGE_OVERHEAD: usize = 1 << 20;
 
 /// Options of `dtlto-reapi serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to listen on: HOST:PORT or unix:///PATH.
-    #[arg(long, default_value = "127.0.0.1:0")]
+    /// Address to listen on: HOST:PORT (port 0 picks a free one) or unix:///PATH. The first line
+    /// printed on stdout is `listening on grpc://HOST:PORT` (or `listening on unix:///PATH`).
+    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     pub listen: String,
+
+    /// The REAPI instance name this server answers to; requests naming another get NOT_FOUND.
+    #[arg(long, default_value = "", value_name = "NAME")]
+    pub instance_name: String,
+
+    /// Keep the CAS and the action cache in this directory, across restarts (default: in memory).
+    #[arg(long, value_name = "DIR")]
+    pub cas_dir: Option<PathBuf>,
+
+    /// Actions run at once (default: the number of CPUs).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+
+    /// Directory under which each action gets its own fresh directory (default: a new temporary
+    /// directory, removed at exit).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+
+    /// Make this directory invisible to actions (an empty read-only tmpfs covers it in each
+    /// action's mount namespace). Repeatable. Fails at start-up where namespaces are unavailable.
+    #[arg(long, value_name = "DIR")]
+    pub hide: Vec<PathBuf>,
+
+    /// Largest total of blob bytes in one BatchUpdateBlobs or BatchReadBlobs; advertised in the
+    /// capabilities and enforced. Larger blobs must go through ByteStream.
+    #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
+    pub max_batch_bytes: u64,
+
+    /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
+    /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
+    /// FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, GetTree, ByteStream.Read,
+    /// ByteStream.Write, ByteStream.QueryWriteStatus, GetActionResult, UpdateActionResult,
+    /// Execute, WaitExecution, GetOperation, CancelOperation. Repeatable.
+    #[arg(
+        long,
+        value_name = "RPC=CODE:N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_fail: Vec<faults::FailRule>,
+
+    /// Test knob: break the first N Execute streams right after the Operation is accepted, so
+    /// that the client must re-attach with WaitExecution.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_drop_execute_stream: u32,
+
+    /// Test knob: delay every RPC by this many milliseconds.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "MS",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_delay_ms: u64,
+
+    /// Test knob: corrupt the blob served by the first N reads (BatchReadBlobs entries and
+    /// ByteStream.Read calls), so that the client's digest check must catch it.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_corrupt_reads: u32,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
-pub fn run(_args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::bail!("serve is not implemented yet")
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(serve(args))
+}
+
+/// Where to listen, parsed from `--listen`.
+enum Listen {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+fn parse_listen(listen: &str) -> anyhow::Result<Listen> {
+    if let Some(path) = listen.strip_prefix("unix://") {
+        anyhow::ensure!(
+            path.starts_with('/'),
+            "--listen {listen}: a unix socket path must be absolute (unix:///PATH)"
+        );
+        return Ok(Listen::Unix(PathBuf::from(path)));
+    }
+    Ok(Listen::Tcp(
+        listen.strip_prefix("grpc://").unwrap_or(listen).to_owned(),
+    ))
+}
+
+/// Completes at SIGINT or SIGTERM.
+async fn termination() -> anyhow::Result<()> {
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = sigterm.recv() => {}
+    }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Hold the temporary work root (if any) until the server exits.
+    let (work_root, _temporary) = match &args.work_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create --work-dir {}", dir.display()))?;
+            (dir.canonicalize()?, None)
+        }
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("dtlto-reapi-serve-")
+                .tempdir()?;
+            (dir.path().canonicalize()?, Some(dir))
+        }
+    };
+    let isolation = isolation::Isolation::new(&args.hide, &work_root)?;
+    let context = Arc::new(context::Context {
+        instance_name: args.instance_name.clone(),
+        storage: storage::Storage::open(args.cas_dir.as_deref())?,
+        faults: faults::Faults::new(
+            &args.fault_fail,
+            args.fault_drop_execute_stream,
+            args.fault_delay_ms,
+            args.fault_corrupt_reads,
+        ),
+        max_batch_bytes: args.max_batch_bytes,
+    });
+    let workers = args
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let shutdown = CancellationToken::new();
+    let worker = worker::Worker {
+        context: context.clone(),
+        work_root,
+        isolation,
+        name: format!("dtlto-reapi-serve@{}", std::process::id()),
+    };
+    let executor = Arc::new(execution::Executor::new(
+        context.clone(),
+        worker,
+        workers,
+        shutdown.clone(),
+    ));
+
+    let message_limit = usize::try_from(args.max_batch_bytes)
+        .unwrap_or(usize::MAX)
+        .max(4 << 20)
+        .saturating_add(MESSAGE_OVERHEAD);
+    let router = tonic::transport::Server::builder()
+        .add_service(CapabilitiesServer::new(capabilities::CapabilitiesService(
+            context.clone(),
+        )))
+        .add_service(
+            ContentAddressableStorageServer::new(cas::CasService(context.clone()))
+                .max_decoding_message_size(message_limit)
+                .max_encoding_message_size(message_limit),
+        )
+        .add_service(
+            ByteStreamServer::new(bytestream::ByteStreamService::new(context.clone()))
+                .max_decoding_message_size(message_limit),
+        )
+        .add_service(
+            ActionCacheServer::new(action_cache::ActionCacheService(context.clone()))
+                .max_decoding_message_size(message_limit)
+                .max_encoding_message_size(message_limit),
+        )
+        .add_service(ExecutionServer::new(execution::ExecutionService(
+            executor.clone(),
+        )))
+        .add_service(OperationsServer::new(execution::OperationsService(
+            executor,
+        )));
+
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = termination().await {
+            eprintln!("dtlto-reapi serve: cannot wait for signals: {e}");
+        }
+        // Stops accepting connections and cancels running actions.
+        stop.cancel();
+    });
+    let stopped = shutdown.clone().cancelled_owned();
+
+    match parse_listen(&args.listen)? {
+        Listen::Tcp(address) => {
+            let listener = tokio::net::TcpListener::bind(&address)
+                .await
+                .with_context(|| format!("cannot listen on {address}"))?;
+            announce(&format!("grpc://{}", listener.local_addr()?))?;
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            finish(
+                router.serve_with_incoming_shutdown(incoming, stopped),
+                &shutdown,
+            )
+            .await
+        }
+        Listen::Unix(path) => {
+            let listener = tokio::net::UnixListener::bind(&path)
+                .with_context(|| format!("cannot listen on unix://{}", path.display()))?;
+            announce(&format!("unix://{}", path.display()))?;
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let served = finish(
+                router.serve_with_incoming_shutdown(incoming, stopped),
+                &shutdown,
+            )
+            .await;
+            // Best effort: a stale socket file would only make the next bind fail clearly.
+            let _ = std::fs::remove_file(&path);
+            served
+        }
+    }
+}
+
+/// Prints the line tests and scripts parse to find the server.
+fn announce(address: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on {address}")?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Runs the server; after shutdown starts, gives running RPCs a grace period to finish.
+async fn finish(
+    server: impl std::future::Future<Output = Result<(), tonic::transport::Error>>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        result = server => result.context("the gRPC server failed"),
+        () = grace => Ok(()),
+    }
 }

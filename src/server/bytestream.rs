@@ -1,0 +1,283 @@
+//! The ByteStream service for blobs too large for a batch: Read on
+//! `{instance}/blobs/{hash}/{size}` with offset and limit, chunked Write on
+//! `{instance}/uploads/{uuid}/blobs/{hash}/{size}` verified before it is stored, and
+//! QueryWriteStatus so that an interrupted upload can resume where the server stopped.
+
+use super::context::{Context, check_digest_function};
+use super::digest::BlobDigest;
+use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
+use bazel_remote_apis::google::bytestream::{
+    QueryWriteStatusRequest, QueryWriteStatusResponse, ReadRequest, ReadResponse, WriteRequest,
+    WriteResponse, byte_stream_server::ByteStream,
+};
+use futures::stream::{self, BoxStream};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Bytes per ReadResponse message.
+const READ_CHUNK: usize = 64 * 1024;
+
+pub struct ByteStreamService {
+    context: Arc<Context>,
+    /// Data received so far by unfinished uploads, by resource name.
+    uploads: Mutex<HashMap<String, Vec<u8>>>,
+}
+
+/// The parts of a resource name this server uses.
+#[derive(Debug, PartialEq)]
+struct Resource {
+    instance_name: String,
+    digest: BlobDigest,
+}
+
+/// Parses `[instance/]blobs/[function/]{hash}/{size}`, or with `upload`
+/// `[instance/]uploads/{uuid}/blobs/[function/]{hash}/{size}[/metadata...]`. The instance name is
+/// everything before the first `blobs` or `uploads` segment: REAPI reserves those words.
+fn parse(name: &str, upload: bool) -> Result<Resource, Status> {
+    let bad = |why: &str| Status::invalid_argument(format!("resource name {name:?}: {why}"));
+    let segments: Vec<&str> = name.split('/').collect();
+    let kind = if upload { "uploads" } else { "blobs" };
+    let at = segments
+        .iter()
+        .position(|s| *s == kind)
+        .ok_or_else(|| bad(&format!("no {kind:?} segment")))?;
+    let instance_name = segments[..at].join("/");
+    let mut rest = &segments[at + 1..];
+    if upload {
+        // uploads/{uuid}/blobs/...
+        match rest {
+            [_uuid, "blobs", tail @ ..] => rest = tail,
+            [_uuid, "compressed-blobs", ..] => {
+                return Err(Status::invalid_argument(
+                    "compressed uploads are not supported",
+                ));
+            }
+            _ => return Err(bad("expected uploads/{uuid}/blobs/{hash}/{size}")),
+        }
+    }
+    // An optional digest function name precedes the hash (REAPI 2.3).
+    if let [function, _, _, ..] = rest
+        && function.len() != 64
+    {
+        let known = digest_function::Value::from_str_name(&function.to_ascii_uppercase())
+            .ok_or_else(|| bad(&format!("unknown digest function {function:?}")))?;
+        check_digest_function(known as i32)?;
+        rest = &rest[1..];
+    }
+    // Uploads may carry trailing metadata segments after the size; reads may not.
+    let (hash, size) = match rest {
+        [hash, size] => (hash, size),
+        [hash, size, ..] if upload => (hash, size),
+        _ => return Err(bad("expected blobs/{hash}/{size}")),
+    };
+    let size = size
+        .parse::<i64>()
+        .map_err(|_| bad("size is not a number"))?;
+    Ok(Resource {
+        instance_name,
+        digest: BlobDigest::new(hash, size)?,
+    })
+}
+
+impl ByteStreamService {
+    pub fn new(context: Arc<Context>) -> Self {
+        Self {
+            context,
+            uploads: Mutex::default(),
+        }
+    }
+
+    fn resource(&self, name: &str, upload: bool) -> Result<Resource, Status> {
+        let resource = parse(name, upload)?;
+        self.context.check_instance(&resource.instance_name)?;
+        Ok(resource)
+    }
+
+    fn uploads(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>>, Status> {
+        self.uploads
+            .lock()
+            .map_err(|_| Status::internal("upload table lock poisoned"))
+    }
+
+    /// Appends the stream's data to `received`; true once a message said finish_write.
+    async fn receive(
+        first: WriteRequest,
+        stream: &mut Streaming<WriteRequest>,
+        received: &mut Vec<u8>,
+        digest: &BlobDigest,
+    ) -> Result<bool, Status> {
+        let mut message = first;
+        loop {
+            if u64::try_from(message.write_offset).ok() != Some(received.len() as u64) {
+                return Err(Status::invalid_argument(format!(
+                    "write_offset {} does not match the {} bytes committed",
+                    message.write_offset,
+                    received.len()
+                )));
+            }
+            if (received.len() + message.data.len()) as u64 > digest.size {
+                return Err(Status::invalid_argument(format!(
+                    "more data than the {} bytes the digest names",
+                    digest.size
+                )));
+            }
+            received.extend_from_slice(&message.data);
+            if message.finish_write {
+                return Ok(true);
+            }
+            match stream.message().await? {
+                Some(next) => message = next,
+                None => return Ok(false),
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ByteStream for ByteStreamService {
+    type ReadStream = BoxStream<'static, Result<ReadResponse, Status>>;
+
+    async fn read(
+        &self,
+        request: Request<ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        self.context.faults.enter("ByteStream.Read").await?;
+        let request = request.into_inner();
+        let resource = self.resource(&request.resource_name, false)?;
+        let digest = &resource.digest;
+        let offset = u64::try_from(request.read_offset)
+            .ok()
+            .filter(|offset| *offset <= digest.size)
+            .ok_or_else(|| {
+                Status::out_of_range(format!(
+                    "read_offset {} is outside the blob",
+                    request.read_offset
+                ))
+            })?;
+        let limit = u64::try_from(request.read_limit)
+            .map_err(|_| Status::invalid_argument("read_limit is negative"))?;
+        let mut data = self
+            .context
+            .storage
+            .blob(digest)?
+            .ok_or_else(|| Status::not_found(format!("blob {digest} is not in the CAS")))?
+            .to_vec();
+        self.context.faults.corrupt_read(&mut data);
+        // offset <= size == data.len(), so both conversions and the slice are in range.
+        let start = offset as usize;
+        let end = if limit == 0 {
+            data.len()
+        } else {
+            data.len().min(start.saturating_add(limit as usize))
+        };
+        let chunks: Vec<_> = data[start..end]
+            .chunks(READ_CHUNK)
+            .map(|chunk| {
+                Ok(ReadResponse {
+                    data: chunk.to_vec(),
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(stream::iter(chunks))))
+    }
+
+    async fn write(
+        &self,
+        request: Request<Streaming<WriteRequest>>,
+    ) -> Result<Response<WriteResponse>, Status> {
+        self.context.faults.enter("ByteStream.Write").await?;
+        let mut stream = request.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty write stream"))?;
+        let name = first.resource_name.clone();
+        let digest = self.resource(&name, true)?.digest;
+        let done = Response::new(WriteResponse {
+            committed_size: digest.to_proto().size_bytes,
+        });
+        // The blob is already here: finish at once, as the REAPI allows.
+        if self.context.storage.has_blob(&digest)? {
+            self.uploads()?.remove(&name);
+            return Ok(done);
+        }
+        let mut received = self.uploads()?.remove(&name).unwrap_or_default();
+        match Self::receive(first, &mut stream, &mut received, &digest).await {
+            Ok(true) => {
+                // A mismatch discards the data: the client must start again.
+                self.context.storage.put_blob(&digest, &received)?;
+                Ok(done)
+            }
+            outcome => {
+                // Keep what arrived so that QueryWriteStatus can report it and the client resume.
+                self.uploads()?.insert(name, received);
+                Err(outcome.err().unwrap_or_else(|| {
+                    Status::invalid_argument("write stream ended without finish_write")
+                }))
+            }
+        }
+    }
+
+    async fn query_write_status(
+        &self,
+        request: Request<QueryWriteStatusRequest>,
+    ) -> Result<Response<QueryWriteStatusResponse>, Status> {
+        self.context
+            .faults
+            .enter("ByteStream.QueryWriteStatus")
+            .await?;
+        let name = request.into_inner().resource_name;
+        let digest = self.resource(&name, true)?.digest;
+        if self.context.storage.has_blob(&digest)? {
+            return Ok(Response::new(QueryWriteStatusResponse {
+                committed_size: digest.to_proto().size_bytes,
+                complete: true,
+            }));
+        }
+        let committed = self
+            .uploads()?
+            .get(&name)
+            .map(|data| data.len() as i64)
+            .ok_or_else(|| Status::not_found(format!("no upload named {name:?}")))?;
+        Ok(Response::new(QueryWriteStatusResponse {
+            committed_size: committed,
+            complete: false,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+    fn resource(instance: &str) -> Resource {
+        Resource {
+            instance_name: instance.to_owned(),
+            digest: BlobDigest::new(HASH, 3).expect("digest"),
+        }
+    }
+
+    #[test]
+    fn parses_resource_names() {
+        assert_eq!(
+            parse(&format!("blobs/{HASH}/3"), false).ok(),
+            Some(resource(""))
+        );
+        assert_eq!(
+            parse(&format!("a/b/blobs/sha256/{HASH}/3"), false).ok(),
+            Some(resource("a/b"))
+        );
+        assert_eq!(
+            parse(&format!("main/uploads/u-1/blobs/{HASH}/3/extra/meta"), true).ok(),
+            Some(resource("main"))
+        );
+        assert!(parse(&format!("blobs/{HASH}/3/extra"), false).is_err());
+        assert!(parse(&format!("blobs/md5/{HASH}/3"), false).is_err());
+        assert!(parse(&format!("uploads/u/compressed-blobs/zstd/{HASH}/3"), true).is_err());
+        assert!(parse(&format!("blobs/{HASH}/x"), false).is_err());
+        assert!(parse("", false).is_err());
+    }
+}

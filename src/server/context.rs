@@ -1,0 +1,101 @@
+//! State every service shares (instance name, storage, faults, limits) and the checks and status
+//! conversions every RPC makes, so that each service applies them the same way.
+
+use super::digest::BlobDigest;
+use super::faults::Faults;
+use super::storage::Storage;
+use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
+use bazel_remote_apis::google::{protobuf::Any, rpc};
+use prost::Message;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, PreconditionViolation, StatusExt};
+
+pub struct Context {
+    pub instance_name: String,
+    pub storage: Storage,
+    pub faults: Faults,
+    /// Largest total of blob bytes one BatchUpdateBlobs or BatchReadBlobs may carry.
+    pub max_batch_bytes: u64,
+}
+
+impl Context {
+    /// The start of every RPC: fault injection, then the instance name and digest function.
+    pub async fn enter(
+        &self,
+        rpc: &'static str,
+        instance_name: &str,
+        digest_function: i32,
+    ) -> Result<(), Status> {
+        self.faults.enter(rpc).await?;
+        self.check_instance(instance_name)?;
+        check_digest_function(digest_function)
+    }
+
+    pub fn check_instance(&self, instance_name: &str) -> Result<(), Status> {
+        if instance_name == self.instance_name {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!(
+                "unknown instance {instance_name:?}; this server serves {:?}",
+                self.instance_name
+            )))
+        }
+    }
+}
+
+/// Accepts SHA-256, or the unset value which means the server's default (also SHA-256).
+pub fn check_digest_function(value: i32) -> Result<(), Status> {
+    match digest_function::Value::try_from(value) {
+        Ok(digest_function::Value::Unknown | digest_function::Value::Sha256) => Ok(()),
+        _ => Err(Status::invalid_argument(format!(
+            "digest function {value} is not supported; this server uses SHA256"
+        ))),
+    }
+}
+
+/// FAILED_PRECONDITION naming each missing blob the way REAPI clients look for it, so that they
+/// can upload what is missing and retry.
+pub fn missing_blobs(what: &str, digests: &[BlobDigest]) -> Status {
+    let violations: Vec<_> = digests
+        .iter()
+        .map(|d| {
+            PreconditionViolation::new(
+                "MISSING",
+                format!("blobs/{}/{}", d.hash, d.size),
+                "blob is not in the CAS",
+            )
+        })
+        .collect();
+    Status::with_error_details(
+        Code::FailedPrecondition,
+        format!("{what}: {} blob(s) missing from the CAS", digests.len()),
+        ErrorDetails::with_precondition_failure(violations),
+    )
+}
+
+/// The google.rpc.Status carried inside responses, details included.
+pub fn rpc_status(status: &Status) -> rpc::Status {
+    if !status.details().is_empty() {
+        // tonic-types puts the whole google.rpc.Status, details and all, in the details bytes.
+        if let Ok(full) = rpc::Status::decode(status.details()) {
+            return full;
+        }
+    }
+    rpc::Status {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        details: Vec::new(),
+    }
+}
+
+pub fn ok_status() -> rpc::Status {
+    rpc::Status::default()
+}
+
+/// Packs a message into an Any of the given fully qualified proto type.
+pub fn pack<M: Message>(type_name: &str, message: &M) -> Any {
+    Any {
+        type_url: format!("type.googleapis.com/{type_name}"),
+        value: message.encode_to_vec(),
+    }
+}

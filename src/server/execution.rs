@@ -1,0 +1,325 @@
+//! The Execution service and the longrunning Operations it creates. Execute checks the request,
+//! answers from the action cache unless told not to, else queues the action for a worker
+//! (`--workers` run at once) and streams its Operation: QUEUED, EXECUTING, then done with an
+//! ExecuteResponse. WaitExecution re-attaches to an Operation by name, and CancelOperation stops it.
+
+use super::context::{Context, missing_blobs, ok_status, pack, rpc_status};
+use super::digest::BlobDigest;
+use super::worker::{Finished, Job, Worker, now};
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    Action, Command, ExecuteOperationMetadata, ExecuteRequest, ExecuteResponse,
+    WaitExecutionRequest, execution_server::Execution, execution_stage,
+};
+use bazel_remote_apis::google::longrunning::{
+    CancelOperationRequest, DeleteOperationRequest, GetOperationRequest, ListOperationsRequest,
+    ListOperationsResponse, Operation, WaitOperationRequest, operation,
+    operations_server::Operations,
+};
+use bazel_remote_apis::google::protobuf::Empty;
+use futures::stream::{self, BoxStream, StreamExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// How long a finished Operation can still be re-attached to with WaitExecution.
+const KEEP_FINISHED: Duration = Duration::from_secs(600);
+
+const METADATA_TYPE: &str = "build.bazel.remote.execution.v2.ExecuteOperationMetadata";
+const RESPONSE_TYPE: &str = "build.bazel.remote.execution.v2.ExecuteResponse";
+
+/// A live or recently finished Operation.
+struct Entry {
+    state: watch::Receiver<Operation>,
+    cancel: CancellationToken,
+}
+
+pub struct Executor {
+    context: Arc<Context>,
+    worker: Worker,
+    slots: Semaphore,
+    operations: Mutex<HashMap<String, Entry>>,
+    /// Cancelled at shutdown; every action's token is a child of it.
+    shutdown: CancellationToken,
+}
+
+type OperationStream = BoxStream<'static, Result<Operation, Status>>;
+
+fn stage_operation(name: &str, action: &BlobDigest, stage: execution_stage::Value) -> Operation {
+    Operation {
+        name: name.to_owned(),
+        metadata: Some(pack(
+            METADATA_TYPE,
+            &ExecuteOperationMetadata {
+                stage: stage as i32,
+                action_digest: Some(action.to_proto()),
+                ..Default::default()
+            },
+        )),
+        done: false,
+        result: None,
+    }
+}
+
+fn done_operation(name: &str, action: &BlobDigest, response: &ExecuteResponse) -> Operation {
+    Operation {
+        done: true,
+        result: Some(operation::Result::Response(pack(RESPONSE_TYPE, response))),
+        ..stage_operation(name, action, execution_stage::Value::Completed)
+    }
+}
+
+/// Streams an Operation's states from `state` until it is done.
+fn follow(state: watch::Receiver<Operation>) -> OperationStream {
+    stream::unfold(Some((state, true)), |next| async move {
+        let (mut state, first) = next?;
+        if !first && state.changed().await.is_err() {
+            return None;
+        }
+        let operation = state.borrow_and_update().clone();
+        let more = (!operation.done).then_some((state, false));
+        Some((Ok(operation), more))
+    })
+    .boxed()
+}
+
+impl Executor {
+    pub fn new(
+        context: Arc<Context>,
+        worker: Worker,
+        workers: usize,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            context,
+            worker,
+            slots: Semaphore::new(workers.max(1)),
+            operations: Mutex::default(),
+            shutdown,
+        }
+    }
+
+    fn operations(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, Entry>>, Status> {
+        self.operations
+            .lock()
+            .map_err(|_| Status::internal("operation table lock poisoned"))
+    }
+
+    fn fetch<M: prost::Message + Default>(
+        &self,
+        digest: &BlobDigest,
+        what: &str,
+    ) -> Result<M, Status> {
+        self.context.storage.message(digest)?.ok_or_else(|| {
+            missing_blobs(
+                &format!("the {what} is not in the CAS"),
+                std::slice::from_ref(digest),
+            )
+        })
+    }
+
+    fn entry_state(&self, name: &str) -> Result<watch::Receiver<Operation>, Status> {
+        self.operations()?
+            .get(name)
+            .map(|entry| entry.state.clone())
+            .ok_or_else(|| Status::not_found(format!("no operation named {name:?}")))
+    }
+
+    /// Waits for a worker slot, runs the action and publishes each stage, then the response.
+    async fn drive(
+        self: Arc<Self>,
+        name: String,
+        action_digest: BlobDigest,
+        job: Job,
+        state: watch::Sender<Operation>,
+        cancel: CancellationToken,
+    ) {
+        let do_not_cache = job.action.do_not_cache;
+        let finished = tokio::select! {
+            permit = self.slots.acquire() => match permit {
+                Ok(_permit) => {
+                    state.send_replace(stage_operation(&name, &action_digest, execution_stage::Value::Executing));
+                    self.worker.run(job, cancel).await
+                }
+                Err(_) => Err(Status::unavailable("the server is shutting down")),
+            },
+            () = cancel.cancelled() => Err(Status::cancelled("the action was cancelled before it ran")),
+        };
+        let response = match finished {
+            Ok(Finished { result, status }) => {
+                let mut response = ExecuteResponse {
+                    status: Some(status.as_ref().map_or_else(ok_status, rpc_status)),
+                    ..Default::default()
+                };
+                // Only complete, successful, cacheable runs enter the action cache.
+                if status.is_none()
+                    && result.exit_code == 0
+                    && !do_not_cache
+                    && let Err(e) = self
+                        .context
+                        .storage
+                        .put_action_result(&action_digest, &result)
+                {
+                    response.status = Some(rpc_status(&e));
+                }
+                response.result = Some(result);
+                response
+            }
+            Err(e) => ExecuteResponse {
+                status: Some(rpc_status(&e)),
+                ..Default::default()
+            },
+        };
+        state.send_replace(done_operation(&name, &action_digest, &response));
+        tokio::time::sleep(KEEP_FINISHED).await;
+        if let Ok(mut operations) = self.operations() {
+            operations.remove(&name);
+        }
+    }
+}
+
+/// The Execution service, sharing the Executor with the Operations service.
+pub struct ExecutionService(pub Arc<Executor>);
+
+#[tonic::async_trait]
+impl Execution for ExecutionService {
+    type ExecuteStream = OperationStream;
+
+    async fn execute(
+        &self,
+        request: Request<ExecuteRequest>,
+    ) -> Result<Response<Self::ExecuteStream>, Status> {
+        let executor = &self.0;
+        let request = request.into_inner();
+        executor
+            .context
+            .enter("Execute", &request.instance_name, request.digest_function)
+            .await?;
+        let action_digest = BlobDigest::required(request.action_digest.as_ref(), "action_digest")?;
+        let action: Action = executor.fetch(&action_digest, "Action")?;
+        let command_digest =
+            BlobDigest::required(action.command_digest.as_ref(), "command_digest")?;
+        let command: Command = executor.fetch(&command_digest, "Command")?;
+        let name = if executor.context.instance_name.is_empty() {
+            format!("operations/{}", uuid::Uuid::new_v4())
+        } else {
+            format!(
+                "{}/operations/{}",
+                executor.context.instance_name,
+                uuid::Uuid::new_v4()
+            )
+        };
+
+        if !request.skip_cache_lookup
+            && let Some(result) = executor.context.storage.action_result(&action_digest)?
+        {
+            let response = ExecuteResponse {
+                result: Some(result),
+                cached_result: true,
+                status: Some(ok_status()),
+                ..Default::default()
+            };
+            let done = done_operation(&name, &action_digest, &response);
+            return Ok(Response::new(stream::iter([Ok(done)]).boxed()));
+        }
+
+        let queued = stage_operation(&name, &action_digest, execution_stage::Value::Queued);
+        let (sender, state) = watch::channel(queued);
+        let cancel = executor.shutdown.child_token();
+        executor.operations()?.insert(
+            name.clone(),
+            Entry {
+                state: state.clone(),
+                cancel: cancel.clone(),
+            },
+        );
+        let job = Job {
+            action,
+            command,
+            queued: now(),
+        };
+        tokio::spawn(
+            executor
+                .clone()
+                .drive(name, action_digest, job, sender, cancel),
+        );
+
+        let operations = follow(state);
+        if executor.context.faults.drop_execute_stream() {
+            // The client sees the accepted Operation, then a broken stream, and must WaitExecution.
+            let dropped = Status::unavailable("fault injection: Execute stream dropped");
+            return Ok(Response::new(
+                operations
+                    .take(1)
+                    .chain(stream::iter([Err(dropped)]))
+                    .boxed(),
+            ));
+        }
+        Ok(Response::new(operations))
+    }
+
+    type WaitExecutionStream = OperationStream;
+
+    async fn wait_execution(
+        &self,
+        request: Request<WaitExecutionRequest>,
+    ) -> Result<Response<Self::WaitExecutionStream>, Status> {
+        self.0.context.faults.enter("WaitExecution").await?;
+        let state = self.0.entry_state(&request.get_ref().name)?;
+        Ok(Response::new(follow(state)))
+    }
+}
+
+/// The google.longrunning Operations service: GetOperation and CancelOperation.
+pub struct OperationsService(pub Arc<Executor>);
+
+#[tonic::async_trait]
+impl Operations for OperationsService {
+    async fn list_operations(
+        &self,
+        _: Request<ListOperationsRequest>,
+    ) -> Result<Response<ListOperationsResponse>, Status> {
+        Err(Status::unimplemented("ListOperations is not supported"))
+    }
+
+    async fn get_operation(
+        &self,
+        request: Request<GetOperationRequest>,
+    ) -> Result<Response<Operation>, Status> {
+        self.0.context.faults.enter("GetOperation").await?;
+        let state = self.0.entry_state(&request.get_ref().name)?;
+        let operation = state.borrow().clone();
+        Ok(Response::new(operation))
+    }
+
+    async fn delete_operation(
+        &self,
+        _: Request<DeleteOperationRequest>,
+    ) -> Result<Response<Empty>, Status> {
+        Err(Status::unimplemented("DeleteOperation is not supported"))
+    }
+
+    async fn cancel_operation(
+        &self,
+        request: Request<CancelOperationRequest>,
+    ) -> Result<Response<Empty>, Status> {
+        self.0.context.faults.enter("CancelOperation").await?;
+        let name = &request.get_ref().name;
+        self.0
+            .operations()?
+            .get(name)
+            .ok_or_else(|| Status::not_found(format!("no operation named {name:?}")))?
+            .cancel
+            .cancel();
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn wait_operation(
+        &self,
+        _: Request<WaitOperationRequest>,
+    ) -> Result<Response<Operation>, Status> {
+        Err(Status::unimplemented("WaitOperation is not supported"))
+    }
+}

@@ -1,0 +1,286 @@
+//! Runs one action: a fresh directory under the work root, the input root materialized into it,
+//! the command run in its working directory with exactly the Command's environment under the
+//! Action's timeout, outputs and stdout/stderr uploaded, the directory removed. The result carries
+//! the exit code and every ExecutedActionMetadata timestamp.
+
+use super::context::Context;
+use super::digest::BlobDigest;
+use super::inputs::materialize;
+use super::isolation::Isolation;
+use super::outputs::{self, OutputPath};
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    Action, ActionResult, Command, ExecutedActionMetadata,
+};
+use bazel_remote_apis::google::protobuf::Timestamp;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+/// Exit code reported when the program cannot be started, as a shell would.
+const EXIT_CANNOT_RUN: i32 = 127;
+
+pub fn now() -> Timestamp {
+    let since_epoch = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        seconds: i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(since_epoch.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// What a worker needs from the server.
+pub struct Worker {
+    pub context: Arc<Context>,
+    pub work_root: PathBuf,
+    pub isolation: Isolation,
+    pub name: String,
+}
+
+/// An action to run, with its Command already fetched.
+pub struct Job {
+    pub action: Action,
+    pub command: Command,
+    pub queued: Timestamp,
+}
+
+/// A finished run: the result, and a status when the run did not complete (DEADLINE_EXCEEDED
+/// after the timeout, CANCELLED after cancellation).
+pub struct Finished {
+    pub result: ActionResult,
+    pub status: Option<Status>,
+}
+
+/// How the process ended.
+enum Ending {
+    Exited(i32),
+    TimedOut,
+    Cancelled,
+}
+
+fn timeout_of(action: &Action) -> Result<Option<Duration>, Status> {
+    let Some(timeout) = &action.timeout else {
+        return Ok(None);
+    };
+    match (u64::try_from(timeout.seconds), u32::try_from(timeout.nanos)) {
+        (Ok(0), Ok(0)) => Ok(None),
+        (Ok(seconds), Ok(nanos)) if nanos < 1_000_000_000 => {
+            Ok(Some(Duration::new(seconds, nanos)))
+        }
+        _ => Err(Status::invalid_argument(
+            "the Action's timeout is negative or malformed",
+        )),
+    }
+}
+
+fn check_command(command: &Command) -> Result<(), Status> {
+    if command.arguments.is_empty() {
+        return Err(Status::invalid_argument("the Command has no arguments"));
+    }
+    if command.arguments.iter().any(|a| a.contains('\0')) {
+        return Err(Status::invalid_argument(
+            "a Command argument contains a NUL byte",
+        ));
+    }
+    for variable in &command.environment_variables {
+        if variable.name.is_empty()
+            || variable.name.contains(['=', '\0'])
+            || variable.value.contains('\0')
+        {
+            return Err(Status::invalid_argument(format!(
+                "environment variable {:?} is malformed",
+                variable.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs blocking filesystem work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("worker task failed: {e}")))?
+}
+
+/// Kills the whole process group the command ran in, stray background children included.
+fn kill_group(pid: Option<u32>) {
+    if let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) {
+        // SAFETY: kill has no memory effects; the group may already be gone (ESRCH), which is fine.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+}
+
+impl Worker {
+    pub async fn run(&self, job: Job, cancel: CancellationToken) -> Result<Finished, Status> {
+        let mut metadata = ExecutedActionMetadata {
+            worker: self.name.clone(),
+            queued_timestamp: Some(job.queued),
+            worker_start_timestamp: Some(now()),
+            ..Default::default()
+        };
+        check_command(&job.command)?;
+        let timeout = timeout_of(&job.action)?;
+        let input_root =
+            BlobDigest::required(job.action.input_root_digest.as_ref(), "input_root_digest")?;
+        let (working_dir, outputs) = outputs::plan(&job.command)?;
+
+        let dir = tempfile::Builder::new()
+            .prefix("action-")
+            .tempdir_in(&self.work_root)
+            .map_err(|e| Status::internal(format!("cannot create an action directory: {e}")))?;
+        let root = dir.path().join("root");
+        metadata.input_fetch_start_timestamp = Some(now());
+        let (context, root_for_inputs, outputs) =
+            (self.context.clone(), root.clone(), Arc::new(outputs));
+        let outputs_for_inputs = outputs.clone();
+        let working_for_inputs = working_dir.clone();
+        blocking(move || {
+            std::fs::create_dir(&root_for_inputs)
+                .map_err(|e| Status::internal(format!("cannot create the input root: {e}")))?;
+            materialize(&context.storage, &input_root, &root_for_inputs)?;
+            outputs::prepare(&root_for_inputs, &working_for_inputs, &outputs_for_inputs)
+        })
+        .await?;
+        metadata.input_fetch_completed_timestamp = Some(now());
+
+        metadata.execution_start_timestamp = Some(now());
+        let ending = self
+            .execute(
+                &job.command,
+                &root.join(&working_dir),
+                dir.path(),
+                timeout,
+                &cancel,
+            )
+            .await?;
+        metadata.execution_completed_timestamp = Some(now());
+
+        metadata.output_upload_start_timestamp = Some(now());
+        let context = self.context.clone();
+        let mut result = blocking(move || collect(&context, &root, &outputs, dir)).await?;
+        metadata.output_upload_completed_timestamp = Some(now());
+        metadata.worker_completed_timestamp = Some(now());
+        result.execution_metadata = Some(metadata);
+
+        let status = match ending {
+            Ending::Exited(code) => {
+                result.exit_code = code;
+                None
+            }
+            Ending::TimedOut => Some(Status::deadline_exceeded(format!(
+                "the action ran longer than its timeout of {:?} and was killed",
+                timeout.unwrap_or_default()
+            ))),
+            Ending::Cancelled => Some(Status::cancelled("the action was cancelled")),
+        };
+        if status.is_some() {
+            // No exit code of the command's own: report it as killed.
+            result.exit_code = 128 + libc::SIGKILL;
+        }
+        Ok(Finished { result, status })
+    }
+
+    /// Runs the command in `cwd`, its stdout and stderr going to files in `dir`.
+    async fn execute(
+        &self,
+        command: &Command,
+        cwd: &Path,
+        dir: &Path,
+        timeout: Option<Duration>,
+        cancel: &CancellationToken,
+    ) -> Result<Ending, Status> {
+        let stream = |name: &str| {
+            std::fs::File::create(dir.join(name))
+                .map_err(|e| Status::internal(format!("cannot create the {name} file: {e}")))
+        };
+        let (stdout, stderr) = (stream("stdout")?, stream("stderr")?);
+        let program = &command.arguments[0];
+        let mut process = tokio::process::Command::new(program);
+        process
+            .args(&command.arguments[1..])
+            .env_clear()
+            .envs(
+                command
+                    .environment_variables
+                    .iter()
+                    .map(|v| (&v.name, &v.value)),
+            )
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(
+                stderr
+                    .try_clone()
+                    .map_err(|e| Status::internal(e.to_string()))?,
+            )
+            .process_group(0)
+            .kill_on_drop(true);
+        self.isolation.apply(&mut process);
+        let mut child = match process.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                use std::io::Write;
+                let mut stderr = stderr;
+                // Best effort: the exit code already says the program could not run.
+                let _ = writeln!(stderr, "dtlto-reapi serve: cannot run {program:?}: {e}");
+                return Ok(Ending::Exited(EXIT_CANNOT_RUN));
+            }
+        };
+        let pid = child.id();
+        let deadline = async {
+            match timeout {
+                Some(timeout) => tokio::time::sleep(timeout).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ending = tokio::select! {
+            status = child.wait() => {
+                let status = status.map_err(|e| Status::internal(format!("cannot wait for the action: {e}")))?;
+                Ending::Exited(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+            }
+            () = deadline => Ending::TimedOut,
+            () = cancel.cancelled() => Ending::Cancelled,
+        };
+        kill_group(pid);
+        if !matches!(ending, Ending::Exited(_)) {
+            // Reap the killed process; its status no longer matters.
+            let _ = child.wait().await;
+        }
+        Ok(ending)
+    }
+}
+
+/// Uploads outputs, stdout and stderr, then removes the action's directory.
+fn collect(
+    context: &Context,
+    root: &Path,
+    outputs: &[OutputPath],
+    dir: tempfile::TempDir,
+) -> Result<ActionResult, Status> {
+    let mut result = ActionResult::default();
+    outputs::collect(&context.storage, root, outputs, &mut result)?;
+    let upload = |name: &str| {
+        let data = std::fs::read(dir.path().join(name))
+            .map_err(|e| Status::internal(format!("cannot read the action's {name}: {e}")))?;
+        context.storage.add_blob(&data).map(|d| Some(d.to_proto()))
+    };
+    result.stdout_digest = upload("stdout")?;
+    result.stderr_digest = upload("stderr")?;
+    let path = dir.path().to_path_buf();
+    dir.close().map_err(|e| {
+        Status::internal(format!(
+            "cannot remove the action directory {}: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(result)
+}
