@@ -141,11 +141,6 @@ impl Project {
         &self.dir
     }
 
-    /// The paths passed to the link, in order.
-    pub fn inputs(&self) -> &[PathBuf] {
-        &self.inputs
-    }
-
     /// Writes `code` to `source`, compiles it and adds the object to the link.
     pub fn add_source(&mut self, source: &str, code: &str) -> &mut Self {
         let object = self.compile(source, code);
@@ -457,12 +452,14 @@ fn create_dir(dir: &Path) {
     fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
 }
 
-/// A `dtlto-reapi serve` test server on loopback, killed when dropped.
+/// A `dtlto-reapi serve` test server (by default on 127.0.0.1, port 0), stopped when dropped.
 ///
 /// [`Server::start`] runs `dtlto-reapi serve <args>` (e.g. `["--hide", dir]` so that actions cannot
-/// see the client's files), waits for its first stdout line, `listening on grpc://HOST:PORT`, and
-/// keeps that address for [`Server::url`]. Everything the server prints afterwards is forwarded to
-/// the test's captured stderr, prefixed with `serve:`.
+/// see the client's files), waits for its first stdout line, `listening on grpc://HOST:PORT` (or
+/// `unix:///PATH` with `--listen unix:///PATH`), and keeps that address for [`Server::url`].
+/// Everything the server prints afterwards is forwarded to the test's captured stderr, prefixed
+/// with `serve:`. Dropping it sends SIGTERM so the server removes its temporary directories, and
+/// SIGKILL if it has not exited after [`Server::STOP_GRACE`].
 pub struct Server {
     child: Child,
     url: String,
@@ -470,7 +467,9 @@ pub struct Server {
 
 impl Server {
     /// How long the server may take to print its address.
-    const STARTUP: Duration = Duration::from_secs(30);
+    pub const STARTUP: Duration = Duration::from_secs(30);
+    /// How long the server may take to exit after SIGTERM (it gives running RPCs 5 s).
+    pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
     pub fn start<I, S>(args: I) -> Server
     where
@@ -489,7 +488,7 @@ impl Server {
         let (first_line_tx, first_line) = mpsc::channel();
         forward_lines(child.stdout.take(), Some(first_line_tx));
         forward_lines(child.stderr.take(), None);
-        // From here on, dropping `server` kills the child, also when a check below panics.
+        // From here on, dropping `server` stops the child, also when a check below panics.
         let mut server = Server {
             child,
             url: String::new(),
@@ -501,13 +500,15 @@ impl Server {
             )
         });
         match line.trim().strip_prefix("listening on ") {
-            Some(url) if url.starts_with("grpc://") => server.url = url.to_owned(),
+            Some(url) if url.starts_with("grpc://") || url.starts_with("unix://") => {
+                server.url = url.to_owned()
+            }
             _ => panic!("{cmd:?} printed {line:?} instead of `listening on grpc://HOST:PORT`"),
         }
         server
     }
 
-    /// `grpc://HOST:PORT`, as the server printed it.
+    /// The address the server printed, e.g. `grpc://127.0.0.1:40123`.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -516,6 +517,18 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         // The server may have exited already; either way it must not outlive the test.
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child, which has not been reaped (try_wait/wait below
+            // reap it only after this).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + Self::STOP_GRACE;
+            while std::time::Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
