@@ -141,6 +141,11 @@ impl Project {
         &self.dir
     }
 
+    /// The paths passed to the link, in order.
+    pub fn inputs(&self) -> &[PathBuf] {
+        &self.inputs
+    }
+
     /// Writes `code` to `source`, compiles it and adds the object to the link.
     pub fn add_source(&mut self, source: &str, code: &str) -> &mut Self {
         let object = self.compile(source, code);
