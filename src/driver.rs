@@ -85,8 +85,13 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let runner = Arc::new(runner);
     let concurrency = runner.concurrency(settings);
-    let succeeded = executor::run_all(&ctx, concurrency, |job| runner.run_job(&ctx, job)).await;
+    let succeeded = executor::run_all(&ctx, concurrency, |job| {
+        let (runner, ctx) = (runner.clone(), ctx.clone());
+        async move { runner.run_job(&ctx, job).await }
+    })
+    .await;
     runner.finish(&ctx).await;
     let transfers = runner.transfers();
     watcher.abort();

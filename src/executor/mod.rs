@@ -9,15 +9,14 @@ pub mod planner;
 pub mod remote;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, ExecutedActionMetadata, OutputFile,
 };
-use futures::StreamExt;
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::DiskCache;
@@ -30,7 +29,8 @@ use crate::report::{JobRecord, Ran, Reporter, Status};
 use planner::Planner;
 use remote::RemoteExecutor;
 
-/// What every job of a run shares.
+/// What every job of a run shares; cheap to clone (every job's task holds one).
+#[derive(Clone)]
 pub struct RunContext {
     pub job_file: Arc<JobFile>,
     pub reporter: Arc<Reporter>,
@@ -40,40 +40,58 @@ pub struct RunContext {
 }
 
 /// Runs `run_one` for every job, at most `concurrency` at once, biggest module first (the longest
-/// compiles start early, so the link does not wait on one straggler at the end). Returns true when
+/// compiles start early, so the link does not wait on one straggler at the end). Each job is a task
+/// of its own, so planning, hashing and file I/O of many jobs use every core. Returns true when
 /// every job succeeded.
 pub async fn run_all<F, Fut>(ctx: &RunContext, concurrency: usize, run_one: F) -> bool
 where
     F: Fn(Job) -> Fut,
-    Fut: Future<Output = JobRecord>,
+    Fut: Future<Output = JobRecord> + Send + 'static,
 {
-    let failed = AtomicBool::new(false);
-    let order = biggest_first(&ctx.job_file.jobs);
-    let run_one = &run_one;
-    let failed_ref = &failed;
-    futures::stream::iter(order)
-        .map(|job| async move {
-            // After an interrupt, or a failure without --keep-going, no new job starts.
-            if ctx.cancel.is_cancelled() {
-                return JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO);
-            }
-            let record = run_one(job).await;
-            if record.status == Status::Failed {
-                failed_ref.store(true, Ordering::Relaxed);
-                // The link has failed: abandon the work in flight too, so lld hears it at once.
-                if !ctx.keep_going {
-                    ctx.cancel.cancel();
-                }
-            }
-            record
-        })
-        .buffer_unordered(concurrency.max(1))
-        .for_each(|record| {
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut tasks = JoinSet::new();
+    let mut succeeded = true;
+    let mut finish = |joined: Result<JobRecord, tokio::task::JoinError>| match joined {
+        Ok(record) => {
+            succeeded &= record.status == Status::Succeeded;
             ctx.reporter.finish_job(record);
-            async {}
-        })
-        .await;
-    !failed.load(Ordering::Relaxed) && !ctx.cancel.is_cancelled()
+        }
+        Err(e) => {
+            succeeded = false;
+            ctx.reporter
+                .error(&format!("internal error: a job's task failed: {e}"));
+        }
+    };
+    for job in biggest_first(&ctx.job_file.jobs) {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        while let Some(joined) = tasks.try_join_next() {
+            finish(joined);
+        }
+        // After an interrupt, or a failure without --keep-going, no new job starts.
+        if ctx.cancel.is_cancelled() {
+            let record = JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO);
+            finish(Ok(record));
+            continue;
+        }
+        let run = run_one(job);
+        let (cancel, keep_going) = (ctx.cancel.clone(), ctx.keep_going);
+        tasks.spawn(async move {
+            let record = run.await;
+            // The link has failed: abandon the work in flight too, so lld hears it at once. (Done
+            // before the slot is released, so that no new job starts after a failure.)
+            if record.status == Status::Failed && !keep_going {
+                cancel.cancel();
+            }
+            drop(slot);
+            record
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        finish(joined);
+    }
+    succeeded && !ctx.cancel.is_cancelled()
 }
 
 /// The jobs ordered by the size of their module, largest first; ties keep job-file order.

@@ -80,6 +80,8 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
     options.timeout = Duration::from_secs(settings.remote_timeout);
     options.max_retries = settings.remote_retries;
     options.correlated_invocations_id = settings.invocation_id.clone();
+    // Every job in flight may hold a call (an Execute stream), plus a few transfers.
+    options.concurrent_calls = settings.remote_jobs + settings.jobs;
     Ok(options)
 }
 

@@ -11,7 +11,7 @@ use super::{ActionResult, CallContext, Client, Inner, MAX_MESSAGE_BYTES};
 
 impl Inner {
     fn action_cache(&self) -> re::action_cache_client::ActionCacheClient<Channel> {
-        re::action_cache_client::ActionCacheClient::new(self.channel.clone())
+        re::action_cache_client::ActionCacheClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 }

@@ -299,14 +299,12 @@ impl Inner {
     fn cas(
         &self,
     ) -> re::content_addressable_storage_client::ContentAddressableStorageClient<Channel> {
-        re::content_addressable_storage_client::ContentAddressableStorageClient::new(
-            self.channel.clone(),
-        )
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        re::content_addressable_storage_client::ContentAddressableStorageClient::new(self.channel())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     fn byte_stream(&self) -> ByteStreamClient<Channel> {
-        ByteStreamClient::new(self.channel.clone()).max_decoding_message_size(MAX_MESSAGE_BYTES)
+        ByteStreamClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
     /// Bytes of a batch request besides its blobs.

@@ -180,7 +180,7 @@ impl Inner {
         progressed: &mut bool,
         mut on_stage: impl FnMut(Stage),
     ) -> Result<Operation, Interrupted> {
-        let mut client = re::execution_client::ExecutionClient::new(self.channel.clone())
+        let mut client = re::execution_client::ExecutionClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let response = match operation.as_deref() {
             None => {

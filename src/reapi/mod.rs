@@ -20,6 +20,7 @@ mod stats;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
@@ -65,7 +66,15 @@ pub struct ConnectionOptions {
     pub invocation_id: String,
     /// Identifies the build this link belongs to, if the caller knows one.
     pub correlated_invocations_id: Option<String>,
+    /// Calls the client makes at once, at most (it opens one HTTP/2 connection per
+    /// [`CALLS_PER_CONNECTION`] of them).
+    pub concurrent_calls: usize,
 }
+
+/// Calls carried by one HTTP/2 connection. Servers cap concurrent streams per connection (hyper's
+/// default is 200, and a client that overruns it loses the whole connection's calls), so many
+/// concurrent actions are spread over several connections, as Bazel does.
+pub const CALLS_PER_CONNECTION: usize = 64;
 
 impl ConnectionOptions {
     /// Options for `endpoint` with defaults: no instance name, no headers, system TLS roots,
@@ -81,6 +90,7 @@ impl ConnectionOptions {
             max_retries: 5,
             invocation_id: uuid::Uuid::new_v4().to_string(),
             correlated_invocations_id: None,
+            concurrent_calls: CALLS_PER_CONNECTION,
         }
     }
 }
@@ -118,7 +128,9 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    channel: Channel,
+    /// One channel (HTTP/2 connection) per [`CALLS_PER_CONNECTION`] concurrent calls, used in turn.
+    channels: Vec<Channel>,
+    next_channel: AtomicUsize,
     endpoint: String,
     instance_name: String,
     metadata: CallMetadata,
@@ -138,9 +150,13 @@ impl Client {
             &opts.invocation_id,
             opts.correlated_invocations_id.as_deref(),
         )?;
-        let channel = channel::channel(&opts.endpoint, &opts.tls, opts.timeout)?;
+        let connections = opts.concurrent_calls.div_ceil(CALLS_PER_CONNECTION).max(1);
+        let channels = (0..connections)
+            .map(|_| channel::channel(&opts.endpoint, &opts.tls, opts.timeout))
+            .collect::<Result<_, _>>()?;
         let mut inner = Inner {
-            channel,
+            channels,
+            next_channel: AtomicUsize::new(0),
             endpoint: opts.endpoint.clone(),
             instance_name: opts.instance_name.clone(),
             metadata,
@@ -179,6 +195,12 @@ impl Client {
 }
 
 impl Inner {
+    /// The next channel in turn, so calls spread evenly over the connections.
+    fn channel(&self) -> Channel {
+        let i = self.next_channel.fetch_add(1, Ordering::Relaxed) % self.channels.len();
+        self.channels[i].clone()
+    }
+
     async fn read_capabilities(&self) -> Result<ServerCapabilities, ReapiError> {
         let request = re::GetCapabilitiesRequest {
             instance_name: self.instance_name.clone(),
@@ -186,7 +208,7 @@ impl Inner {
         let mut attempts = self.attempts(self.deadline());
         let ctx = CallContext::default();
         let caps = retry::run(&mut attempts, |remaining| {
-            let mut client = re::capabilities_client::CapabilitiesClient::new(self.channel.clone());
+            let mut client = re::capabilities_client::CapabilitiesClient::new(self.channel());
             let request = self.request(request.clone(), &ctx, remaining);
             async move { client.get_capabilities(request).await }
         })
