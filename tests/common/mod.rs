@@ -38,37 +38,49 @@ pub struct Toolchain {
 /// Panics with the script's stderr when it fails.
 pub fn toolchain() -> &'static Toolchain {
     static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
-    TOOLCHAIN.get_or_init(locate_toolchain)
+    TOOLCHAIN.get_or_init(|| {
+        let [bin, clang, lld, ar] =
+            script_paths("scripts/toolchain.sh", ["BIN", "CLANG", "LLD", "AR"]);
+        Toolchain {
+            bin,
+            clang,
+            lld,
+            ar,
+        }
+    })
 }
 
-fn locate_toolchain() -> Toolchain {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/toolchain.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+/// BuildGrid's `bgd` command (client and server), installed once per test process by
+/// `scripts/buildgrid.sh`; panics with the script's stderr when the install fails.
+pub fn bgd() -> &'static Path {
+    static BGD: OnceLock<PathBuf> = OnceLock::new();
+    BGD.get_or_init(|| {
+        let [bgd] = script_paths("scripts/buildgrid.sh", ["BGD"]);
+        bgd
+    })
+}
+
+/// Runs one of the project's install scripts (`script` is relative to the repository) and returns
+/// the paths it printed as `NAME=PATH` lines for each of `names`, in order.
+///
+/// Panics with the script's stderr when it fails, and with its stdout when a name is missing: the
+/// tests need what it installs, so they fail rather than skip.
+pub fn script_paths<const N: usize>(script: &str, names: [&str; N]) -> [PathBuf; N] {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = run(Command::new("bash").arg(&script));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "{} failed ({}); a DTLTO-capable clang/lld is required for these tests:\n{stderr}",
+        "{} failed ({}); these tests need what it installs:\n{}",
         script.display(),
-        out.status
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
     let vars: HashMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once('=')).collect();
-    let get = |name: &str| {
-        let value = vars
-            .get(name)
-            .unwrap_or_else(|| panic!("{} printed no {name}= line:\n{stdout}", script.display()));
-        PathBuf::from(value)
-    };
-    Toolchain {
-        bin: get("BIN"),
-        clang: get("CLANG"),
-        lld: get("LLD"),
-        ar: get("AR"),
-    }
+    names.map(|name| match vars.get(name) {
+        Some(value) => PathBuf::from(value),
+        None => panic!("{} printed no {name}= line:\n{stdout}", script.display()),
+    })
 }
 
 /// The `dtlto-reapi` binary that Cargo built for this test run.
