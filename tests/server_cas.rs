@@ -549,43 +549,18 @@ async fn cas_dir_keeps_blobs_and_results_across_restarts() {
 async fn listens_on_a_unix_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("serve.sock");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
-        .args(["serve", "--listen", &format!("unix://{}", socket.display())])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout"));
-    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
-        .await
-        .expect("first line");
-    assert_eq!(
-        line.trim(),
-        format!("listening on unix://{}", socket.display())
-    );
+    let listen = format!("unix://{}", socket.display());
+    let server = Server::start(&["--listen", &listen]).await;
+    assert_eq!(server.address, listen);
 
-    let path = socket.clone();
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .expect("connect over the unix socket");
-    let caps = bazel_remote_apis::build::bazel::remote::execution::v2::capabilities_client::CapabilitiesClient::new(channel)
+    let caps = server
+        .capabilities()
         .get_capabilities(GetCapabilitiesRequest::default())
         .await
         .expect("GetCapabilities over the unix socket")
         .into_inner();
     assert!(caps.execution_capabilities.expect("exec").exec_enabled);
 
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id().expect("pid") as i32, libc::SIGTERM) };
-    assert!(child.wait().await.expect("wait").success());
+    assert!(server.terminate().await.success());
     assert!(!socket.exists(), "the socket file is removed at exit");
 }

@@ -3,8 +3,8 @@
 //! `dtlto-reapi serve`, uploads a file and downloads it back, and runs a command whose output
 //! file it fetches. The test fails, never skips, when BuildGrid cannot be installed.
 
-mod common;
 mod support_server;
+mod tools;
 
 use std::path::Path;
 use support_server::{Server, digest};
@@ -34,12 +34,12 @@ async fn run(bgd: &Path, dir: &Path, group: &str, url: &str, args: &[&str]) -> S
 
 #[tokio::test]
 async fn buildgrid_bgd_talks_to_serve() {
-    let bgd = common::bgd();
+    let bgd = tools::bgd();
     let server = Server::start(&[]).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let dir = dir.path();
 
-    let capabilities = run(bgd, dir, "capabilities", &server.url, &[]).await;
+    let capabilities = run(bgd, dir, "capabilities", &server.http_url(), &[]).await;
     assert!(capabilities.contains("\"SHA256\""), "{capabilities}");
     assert!(
         capabilities.contains("\"execEnabled\": true"),
@@ -53,7 +53,7 @@ async fn buildgrid_bgd_talks_to_serve() {
         bgd,
         dir,
         "cas",
-        &server.url,
+        &server.http_url(),
         &["upload-file", "--verify", "up.txt"],
     )
     .await;
@@ -68,7 +68,7 @@ async fn buildgrid_bgd_talks_to_serve() {
         bgd,
         dir,
         "cas",
-        &server.url,
+        &server.http_url(),
         &["download-file", "--verify", &wanted, "down.txt"],
     )
     .await;
@@ -85,7 +85,7 @@ async fn buildgrid_bgd_talks_to_serve() {
         bgd,
         dir,
         "execute",
-        &server.url,
+        &server.http_url(),
         &[
             "command",
             "--output-file",

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use dtlto_reapi::reapi::{Client, ConnectionOptions, ServerCapabilities};
 use tempfile::TempDir;
 
-use crate::common;
+use crate::common::tools;
 
 /// The configuration template; see its comments.
 const CONFIG: &str = include_str!("cache.yml");
@@ -130,7 +130,7 @@ fn spawn(dir: &Path, config: &Path) -> Child {
     let log_err = log
         .try_clone()
         .unwrap_or_else(|e| panic!("cannot share {}: {e}", log_path.display()));
-    let mut cmd = Command::new(common::bgd());
+    let mut cmd = Command::new(tools::bgd());
     // `-vv` logs at INFO: each request, and each ByteStream transfer and action-cache update
     // that completed, which the tests read as the server's own account of what it received.
     cmd.args(["server", "start", "-vv", "--pid-file"])

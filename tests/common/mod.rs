@@ -1,5 +1,5 @@
 //! Shared support for the integration tests: a real clang/lld (found or installed by
-//! `scripts/toolchain.sh`), a builder that writes C sources into a temporary project, compiles them
+//! `scripts/toolchain.sh`, see `tools`), a builder that writes C sources into a temporary project, compiles them
 //! with `-flto=thin`, archives some, links through the built `dtlto-reapi` binary and runs the
 //! program, and a handle on a `dtlto-reapi serve` test server for remote tests.
 //!
@@ -7,81 +7,25 @@
 //! Each integration test crate uses its own subset of these helpers, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{OnceLock, mpsc};
+use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
-
 use tempfile::TempDir;
+
+#[path = "../serve_process/mod.rs"]
+mod serve_process;
+#[path = "../tools/mod.rs"]
+pub mod tools;
+
+pub use tools::toolchain;
 
 /// Target triple for every compile and link: the toolchain may default to musl (ziglang), and the
 /// programs must link against the system's glibc.
 pub const TARGET: &str = "--target=x86_64-linux-gnu";
-
-/// The clang, lld and archiver the tests use, as printed by `scripts/toolchain.sh`.
-#[derive(Debug)]
-pub struct Toolchain {
-    /// Directory holding the wrappers.
-    pub bin: PathBuf,
-    pub clang: PathBuf,
-    pub lld: PathBuf,
-    pub ar: PathBuf,
-}
-
-/// The toolchain, located (and installed if needed) once per test process.
-///
-/// Panics with the script's stderr when it fails.
-pub fn toolchain() -> &'static Toolchain {
-    static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
-    TOOLCHAIN.get_or_init(|| {
-        let [bin, clang, lld, ar] =
-            script_paths("scripts/toolchain.sh", ["BIN", "CLANG", "LLD", "AR"]);
-        Toolchain {
-            bin,
-            clang,
-            lld,
-            ar,
-        }
-    })
-}
-
-/// BuildGrid's `bgd` command (client and server), installed once per test process by
-/// `scripts/buildgrid.sh`; panics with the script's stderr when the install fails.
-pub fn bgd() -> &'static Path {
-    static BGD: OnceLock<PathBuf> = OnceLock::new();
-    BGD.get_or_init(|| {
-        let [bgd] = script_paths("scripts/buildgrid.sh", ["BGD"]);
-        bgd
-    })
-}
-
-/// Runs one of the project's install scripts (`script` is relative to the repository) and returns
-/// the paths it printed as `NAME=PATH` lines for each of `names`, in order.
-///
-/// Panics with the script's stderr when it fails, and with its stdout when a name is missing: the
-/// tests need what it installs, so they fail rather than skip.
-pub fn script_paths<const N: usize>(script: &str, names: [&str; N]) -> [PathBuf; N] {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
-    let out = run(Command::new("bash").arg(&script));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{} failed ({}); these tests need what it installs:\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let vars: HashMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once('=')).collect();
-    names.map(|name| match vars.get(name) {
-        Some(value) => PathBuf::from(value),
-        None => panic!("{} printed no {name}= line:\n{stdout}", script.display()),
-    })
-}
 
 /// The `dtlto-reapi` binary that Cargo built for this test run.
 pub fn distributor() -> &'static Path {
@@ -472,29 +416,22 @@ fn create_dir(dir: &Path) {
 /// A `dtlto-reapi serve` test server on loopback, killed when dropped.
 ///
 /// [`Server::start`] runs `dtlto-reapi serve <args>` (e.g. `["--hide", dir]` so that actions cannot
-/// see the client's files), waits for its first stdout line, `listening on grpc://HOST:PORT`, and
-/// keeps that address for [`Server::url`]. Everything the server prints afterwards is forwarded to
-/// the test's captured stderr, prefixed with `serve:`.
+/// see the client's files), waits for its first stdout line, `listening on ADDRESS`, and keeps that
+/// address for [`Server::url`]. Everything the server prints afterwards is forwarded to the test's
+/// captured stderr, prefixed with `serve:`.
 pub struct Server {
     child: Child,
     url: String,
 }
 
 impl Server {
-    /// How long the server may take to print its address.
-    const STARTUP: Duration = Duration::from_secs(30);
-
     pub fn start<I, S>(args: I) -> Server
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = Command::new(distributor());
-        cmd.arg("serve")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = serve_process::command(args);
+        cmd.stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
@@ -506,20 +443,19 @@ impl Server {
             child,
             url: String::new(),
         };
-        let line = first_line.recv_timeout(Self::STARTUP).unwrap_or_else(|_| {
-            panic!(
-                "{cmd:?} exited or printed nothing within {:?}",
-                Self::STARTUP
-            )
-        });
-        match line.trim().strip_prefix("listening on ") {
-            Some(url) if url.starts_with("grpc://") => server.url = url.to_owned(),
-            _ => panic!("{cmd:?} printed {line:?} instead of `listening on grpc://HOST:PORT`"),
-        }
+        let line = first_line
+            .recv_timeout(serve_process::STARTUP)
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{cmd:?} exited or printed nothing within {:?}",
+                    serve_process::STARTUP
+                )
+            });
+        server.url = serve_process::address(&cmd, &line);
         server
     }
 
-    /// `grpc://HOST:PORT`, as the server printed it.
+    /// `grpc://HOST:PORT` (or `unix://PATH` with `--listen unix://PATH`), as the server printed it.
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -1,5 +1,6 @@
-//! Shared helpers for the `server_*` tests: start the real `dtlto-reapi serve` binary as its own
-//! process, find its port from the first stdout line, talk to it over real gRPC, and build and
+//! Shared helpers for the `server_*` and `reapi_client` tests: start the real `dtlto-reapi serve`
+//! binary as its own process, find its address from the first stdout line, talk to it over real
+//! gRPC (TCP or a unix socket), and build and
 //! upload the trees, Commands and Actions the tests execute.
 
 // Each test crate uses a different subset of these helpers.
@@ -18,33 +19,33 @@ use bazel_remote_apis::google::longrunning::{
 };
 use bazel_remote_apis::google::protobuf::Duration;
 use futures::StreamExt;
+use hyper_util::rt::TokioIo;
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::UnixStream;
 use tokio::process::{Child, ChildStdout, Command as Process};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
+
+#[path = "../serve_process/mod.rs"]
+mod serve_process;
 
 /// A running `dtlto-reapi serve`, sent SIGTERM when dropped so that it cleans up after itself.
 pub struct Server {
     child: Child,
-    /// `http://127.0.0.1:PORT`, for third-party clients.
-    pub url: String,
+    /// Where the server listens, as it printed it: `grpc://127.0.0.1:PORT` or `unix://PATH`.
+    pub address: String,
     pub channel: Channel,
     // Kept open so the server never writes to a closed pipe.
     _stdout: BufReader<ChildStdout>,
 }
 
 fn serve(args: &[&str]) -> Process {
-    let mut process = Process::new(env!("CARGO_BIN_EXE_dtlto-reapi"));
-    process
-        .arg("serve")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    process
+    Process::from(serve_process::command(args))
 }
 
 fn sigterm(child: &Child) {
@@ -54,32 +55,59 @@ fn sigterm(child: &Child) {
     }
 }
 
-impl Server {
-    /// Starts the server on a free loopback port with extra `args`.
-    pub async fn start(args: &[&str]) -> Self {
-        let mut child = serve(args).spawn().expect("spawn dtlto-reapi serve");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .await
-            .expect("read the first line");
-        let address = line
-            .trim()
-            .strip_prefix("listening on grpc://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        let url = format!("http://{address}");
-        let channel = Channel::from_shared(url.clone())
-            .expect("url")
+/// A channel to `address`, over TCP or a unix socket.
+async fn connect(address: &str) -> Channel {
+    match address.strip_prefix("unix://") {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            Endpoint::from_static("http://localhost")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                }))
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to {address}: {e}"))
+        }
+        None => Channel::from_shared(address.replace("grpc://", "http://"))
+            .unwrap_or_else(|e| panic!("bad address {address}: {e}"))
             .connect()
             .await
-            .expect("connect");
+            .unwrap_or_else(|e| panic!("cannot connect to {address}: {e}")),
+    }
+}
+
+impl Server {
+    /// Starts the server with `args` (on a free loopback port unless they say `--listen`) and
+    /// connects to it.
+    pub async fn start(args: &[&str]) -> Self {
+        let mut process = serve(args);
+        let mut child = process.spawn().expect("spawn dtlto-reapi serve");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        tokio::time::timeout(serve_process::STARTUP, stdout.read_line(&mut line))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{process:?} printed nothing within {:?}",
+                    serve_process::STARTUP
+                )
+            })
+            .expect("read the first line");
+        let address = serve_process::address(&process, &line);
+        let channel = connect(&address).await;
         Self {
             child,
-            url,
+            address,
             channel,
             _stdout: stdout,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, for third-party clients; panics for a unix socket.
+    pub fn http_url(&self) -> String {
+        match self.address.strip_prefix("grpc://") {
+            Some(host_port) => format!("http://{host_port}"),
+            None => panic!("{} is not a TCP address", self.address),
         }
     }
 
