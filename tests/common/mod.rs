@@ -1,13 +1,16 @@
 //! Shared support for the integration tests: a real clang/lld (found or installed by
 //! `scripts/toolchain.sh`, see `tools`), a builder that writes C sources into a temporary project, compiles them
-//! with `-flto=thin`, archives some, links through the built `dtlto-reapi` binary and runs the
-//! program, and a handle on a `dtlto-reapi serve` test server for remote tests.
+//! with `-flto=thin`, archives some, links through the built `dtlto-reapi` binary (reading its
+//! `--stats-json` and native objects back) and runs the program, the generated programs the tests
+//! link, and a handle on a `dtlto-reapi serve` test server for remote tests.
 //!
 //! Every test links real programs, so a missing toolchain is a test failure, never a skip.
 //! Each integration test crate uses its own subset of these helpers, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
+use std::fmt;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -102,6 +105,30 @@ impl Project {
         &self.inputs
     }
 
+    /// The link inputs as absolute paths, for linking them from another directory.
+    pub fn absolute_inputs(&self) -> Vec<PathBuf> {
+        self.inputs
+            .iter()
+            .map(|input| self.dir.join(input))
+            .collect()
+    }
+
+    /// Another checkout of this project: a fresh temporary directory holding a copy (`cp -a`) of
+    /// the working directory, with the same link inputs.
+    pub fn copy_elsewhere(&self) -> Project {
+        let copy = Project {
+            inputs: self.inputs.clone(),
+            ..Project::new()
+        };
+        run_ok(
+            Command::new("cp")
+                .arg("-a")
+                .arg(self.dir.join("."))
+                .arg(&copy.dir),
+        );
+        copy
+    }
+
     /// Writes `code` to `source`, compiles it and adds the object to the link.
     pub fn add_source(&mut self, source: &str, code: &str) -> &mut Self {
         let object = self.compile(source, code);
@@ -170,6 +197,7 @@ impl Project {
             distributor_args: Vec::new(),
             linker_args: Vec::new(),
             inputs: None,
+            stats_json: false,
         }
     }
 }
@@ -182,6 +210,8 @@ pub struct Link<'p> {
     linker_args: Vec<OsString>,
     /// Replaces the project's inputs (e.g. the same objects named by absolute paths).
     inputs: Option<Vec<PathBuf>>,
+    /// Whether the distributor writes `--stats-json` beside the output.
+    stats_json: bool,
 }
 
 impl Link<'_> {
@@ -195,6 +225,24 @@ impl Link<'_> {
     /// commas, as it would for a user).
     pub fn distributor_arg(mut self, arg: impl AsRef<OsStr>) -> Self {
         self.distributor_args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// Each of `args` with [`Link::distributor_arg`].
+    pub fn distributor_args<S: AsRef<OsStr>>(self, args: impl IntoIterator<Item = S>) -> Self {
+        args.into_iter()
+            .fold(self, |link, arg| link.distributor_arg(arg))
+    }
+
+    /// Runs the backend compiles through the REAPI server at `url` (`--remote=URL`).
+    pub fn remote(self, url: &str) -> Self {
+        self.distributor_arg(format!("--remote={url}"))
+    }
+
+    /// Has the distributor write its `--stats-json` to `<output>.stats.json`, for
+    /// [`Linked::stats`].
+    pub fn stats_json(mut self) -> Self {
+        self.stats_json = true;
         self
     }
 
@@ -227,6 +275,12 @@ impl Link<'_> {
         let mut ld_flag = OsString::from("-fuse-ld=");
         ld_flag.push(&tools.lld);
 
+        let output = dir.join(&self.output);
+        let stats_path = self.stats_json.then(|| {
+            let mut path = output.clone().into_os_string();
+            path.push(".stats.json");
+            PathBuf::from(path)
+        });
         let mut cmd = Command::new(&tools.clang);
         cmd.current_dir(dir)
             .args([TARGET, "-O2", "-flto=thin"])
@@ -237,6 +291,11 @@ impl Link<'_> {
             .arg(dist_flag)
             .arg("-Xlinker")
             .arg(compiler_flag);
+        if let Some(path) = &stats_path {
+            let mut flag = OsString::from("-Xthinlto-distributor=--stats-json=");
+            flag.push(path);
+            cmd.arg(flag);
+        }
         for arg in &self.distributor_args {
             let mut flag = OsString::from("-Xthinlto-distributor=");
             flag.push(arg);
@@ -251,7 +310,8 @@ impl Link<'_> {
             status: out.status,
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            output: dir.join(&self.output),
+            output,
+            stats_path,
         }
     }
 }
@@ -266,6 +326,8 @@ pub struct Linked {
     pub stderr: String,
     /// Absolute path of the linked program.
     pub output: PathBuf,
+    /// Where [`Link::stats_json`] had the distributor write its statistics.
+    stats_path: Option<PathBuf>,
 }
 
 impl Linked {
@@ -306,6 +368,49 @@ impl Linked {
         self.files_in_output_dir(|name| name.ends_with(".native.o"))
     }
 
+    /// The contents of the native objects, sorted (their names carry lld's PID, so only the
+    /// contents compare across links); needs [`Link::save_temps`].
+    pub fn native_object_contents(&self) -> Vec<Vec<u8>> {
+        let mut contents: Vec<Vec<u8>> = self
+            .native_objects()
+            .iter()
+            .map(|path| fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+            .collect();
+        contents.sort();
+        contents
+    }
+
+    /// Panics with the link's stderr unless it contains `text`.
+    pub fn assert_stderr_contains(&self, text: &str) -> &Self {
+        assert!(
+            self.stderr.contains(text),
+            "{text:?} is not in the link's stderr:\n{}",
+            self.stderr
+        );
+        self
+    }
+
+    /// The distributor's statistics; needs [`Link::stats_json`]. Panics (with the link's stderr)
+    /// when the distributor wrote none.
+    pub fn stats(&self) -> Stats {
+        self.written_stats().unwrap_or_else(|| {
+            panic!(
+                "the link wrote no --stats-json\n--- stderr ---\n{}",
+                self.stderr
+            )
+        })
+    }
+
+    /// The distributor's statistics, or `None` when it did not get far enough to write them;
+    /// needs [`Link::stats_json`].
+    pub fn written_stats(&self) -> Option<Stats> {
+        let path = self
+            .stats_path
+            .as_ref()
+            .expect("the link was run without stats_json()");
+        path.exists().then(|| Stats::read(path))
+    }
+
     /// The job file lld wrote (`<output>.<PID>.dist-file.json`); needs [`Link::save_temps`].
     pub fn job_file(&self) -> PathBuf {
         let files = self.files_in_output_dir(|name| name.ends_with(".dist-file.json"));
@@ -338,6 +443,68 @@ impl Linked {
         files.sort();
         files
     }
+}
+
+/// A `--stats-json` file: a record per job (where it `ran`, its `action` digest, ...) and the
+/// client's `transfers` counters. Displays as the JSON, for assertion messages.
+#[derive(Debug)]
+pub struct Stats(serde_json::Value);
+
+impl Stats {
+    /// Reads and parses the file, panicking with the path on failure.
+    pub fn read(path: &Path) -> Stats {
+        Stats(read_json(path))
+    }
+
+    /// The job records.
+    pub fn jobs(&self) -> &[serde_json::Value] {
+        self.0["jobs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no jobs array in {self}"))
+    }
+
+    /// How many jobs ran where (`remote`, `action-cache`, `local`).
+    pub fn ran(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for job in self.jobs() {
+            let place = job["ran"].as_str().unwrap_or("?").to_owned();
+            *counts.entry(place).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// The jobs' Action digests, sorted (stable across links of the same objects).
+    pub fn actions(&self) -> Vec<&str> {
+        let mut actions: Vec<&str> = self
+            .jobs()
+            .iter()
+            .map(|job| {
+                job["action"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no action in {job}"))
+            })
+            .collect();
+        actions.sort_unstable();
+        actions
+    }
+
+    /// A counter of `transfers` (`bytes_uploaded`, `rpc_retries`, ...).
+    pub fn transfers(&self, counter: &str) -> u64 {
+        self.0["transfers"][counter]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no transfers.{counter} in {self}"))
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What [`Stats::ran`] says when all `jobs` jobs ran in `place`.
+pub fn ran_only(place: &str, jobs: usize) -> BTreeMap<String, usize> {
+    BTreeMap::from([(place.to_owned(), jobs)])
 }
 
 /// A generated program of `n` modules where module `i` calls module `i + 1` (so ThinLTO imports
@@ -389,8 +556,58 @@ pub fn chain(n: usize) -> Chain {
     }
 }
 
+/// A project of the [`chain`] program of `n` modules; returns it and what the program prints.
+pub fn chain_project(n: usize) -> (Project, String) {
+    let Chain {
+        sources,
+        expected_output,
+    } = chain(n);
+    let mut project = Project::new();
+    project.add_sources(sources);
+    (project, expected_output)
+}
+
+/// The [`chain`] program of `modules` modules, the last one in a static archive, with spaces and
+/// parentheses in the names (sources in `src (1)/`, the archive `lib dir/libchain (x).a`); returns
+/// the project and what the program prints.
+pub fn chain_with_archive(modules: usize) -> (Project, String) {
+    let Chain {
+        mut sources,
+        expected_output,
+    } = chain(modules);
+    let archived = sources.remove(modules - 1);
+    let mut project = Project::new();
+    project
+        .add_sources(sources.iter().map(|(n, c)| (format!("src (1)/{n}"), c)))
+        .add_archive("lib dir/libchain (x).a", [archived]);
+    (project, expected_output)
+}
+
+/// A program whose `big.c` holds a 12 MiB string of pseudo-random letters (bitcode stores them in
+/// 6 bits each, so its bitcode is still bigger than 8 MiB, and its native object holds all of it)
+/// and whose `main.c` prints the letter at `index`. Returns the project and what the program prints.
+pub fn big_program(index: usize) -> (Project, String) {
+    let big: String = (0..12 << 20)
+        .map(|i: u32| char::from(b'a' + ((i.wrapping_mul(2654435761) >> 7) % 26) as u8))
+        .collect();
+    let mut project = Project::new();
+    project.add_sources([
+        (
+            "big.c",
+            format!("const char big[] = \"{big}\";\nint pick(int i) {{ return big[i]; }}\n"),
+        ),
+        (
+            "main.c",
+            format!(
+                "#include <stdio.h>\nint pick(int);\nint main(void) {{ printf(\"%c\\n\", pick({index})); return 0; }}\n"
+            ),
+        ),
+    ]);
+    (project, format!("{}\n", char::from(big.as_bytes()[index])))
+}
+
 /// Reads and parses a JSON file, panicking with the path on failure.
-pub fn read_json(path: &Path) -> serde_json::Value {
+fn read_json(path: &Path) -> serde_json::Value {
     let text =
         fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text)
