@@ -1,19 +1,24 @@
 //! Shared helpers for the `server_*` and `reapi_client` tests: start the real `dtlto-reapi serve`
 //! binary as its own process, find its address from the first stdout line, talk to it over real
-//! gRPC (TCP or a unix socket), and build and
-//! upload the trees, Commands and Actions the tests execute.
+//! gRPC (TCP or a unix socket), make the calls many tests make, and build and upload the trees,
+//! Commands and Actions the tests execute.
 
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    Action, ActionResult, BatchUpdateBlobsRequest, Command, Digest, Directory, DirectoryNode,
-    ExecuteRequest, ExecuteResponse, FileNode, action_cache_client::ActionCacheClient,
-    batch_update_blobs_request, capabilities_client::CapabilitiesClient, command,
+    Action, ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, Command, Digest,
+    Directory, DirectoryNode, ExecuteOperationMetadata, ExecuteRequest, ExecuteResponse, FileNode,
+    FindMissingBlobsRequest, GetActionResultRequest, UpdateActionResultRequest,
+    WaitExecutionRequest, action_cache_client::ActionCacheClient, batch_update_blobs_request,
+    capabilities_client::CapabilitiesClient, command,
     content_addressable_storage_client::ContentAddressableStorageClient,
     execution_client::ExecutionClient,
 };
-use bazel_remote_apis::google::bytestream::byte_stream_client::ByteStreamClient;
+use bazel_remote_apis::google::bytestream::{
+    QueryWriteStatusRequest, QueryWriteStatusResponse, ReadRequest, WriteRequest,
+    byte_stream_client::ByteStreamClient,
+};
 use bazel_remote_apis::google::longrunning::{
     Operation, operation, operations_client::OperationsClient,
 };
@@ -30,6 +35,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::process::{Child, ChildStdout, Command as Process};
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Response, Status, Streaming};
 
 #[path = "../serve_process/mod.rs"]
 mod serve_process;
@@ -168,36 +174,81 @@ impl Server {
     /// Uploads an action's Command, input tree and Action; returns the Action's digest.
     pub async fn upload_action(&self, spec: &ActionSpec<'_>) -> Digest {
         let (root, mut blobs) = tree(spec.inputs);
-        let command = Command {
-            arguments: spec.args.iter().map(|s| s.to_string()).collect(),
-            environment_variables: spec
-                .env
-                .iter()
-                .map(|(name, value)| command::EnvironmentVariable {
-                    name: name.to_string(),
-                    value: value.to_string(),
-                })
-                .collect(),
-            output_paths: spec.outputs.iter().map(|s| s.to_string()).collect(),
-            working_directory: spec.working_directory.to_owned(),
-            ..Default::default()
-        }
-        .encode_to_vec();
-        let action = Action {
-            command_digest: Some(digest(&command)),
-            input_root_digest: Some(root),
-            timeout: spec
-                .timeout_secs
-                .map(|seconds| Duration { seconds, nanos: 0 }),
-            do_not_cache: spec.do_not_cache,
-            ..Default::default()
-        }
-        .encode_to_vec();
+        let (command, action) = spec.encode(root);
         let action_digest = digest(&action);
         blobs.push(command);
         blobs.push(action);
         self.upload(&blobs).await;
         action_digest
+    }
+
+    /// Uploads the action and runs Execute to the end (cache lookup allowed); returns the Action's
+    /// digest and the final ExecuteResponse.
+    pub async fn upload_and_execute(&self, spec: &ActionSpec<'_>) -> (Digest, ExecuteResponse) {
+        let action = self.upload_action(spec).await;
+        let (_, response) = self.execute(&action, false).await;
+        (action, response)
+    }
+
+    /// Reads `resource_name` with ByteStream Read from `offset`, at most `limit` bytes (0: to the
+    /// end); returns the bytes of every chunk, or the first error.
+    pub async fn bytestream_read(
+        &self,
+        resource_name: String,
+        offset: i64,
+        limit: i64,
+    ) -> Result<Vec<u8>, Status> {
+        let stream = self
+            .bytestream()
+            .read(ReadRequest {
+                resource_name,
+                read_offset: offset,
+                read_limit: limit,
+            })
+            .await?
+            .into_inner();
+        let chunks: Vec<_> = stream.collect().await;
+        chunks.into_iter().try_fold(Vec::new(), |mut all, chunk| {
+            all.extend(chunk?.data);
+            Ok(all)
+        })
+    }
+
+    /// Sends `requests` as one ByteStream Write; returns the committed size.
+    pub async fn bytestream_write(&self, requests: Vec<WriteRequest>) -> Result<i64, Status> {
+        let response = self
+            .bytestream()
+            .write(futures::stream::iter(requests))
+            .await?;
+        Ok(response.into_inner().committed_size)
+    }
+
+    /// What QueryWriteStatus says of the upload `resource_name`.
+    pub async fn query_write_status(&self, resource_name: &str) -> QueryWriteStatusResponse {
+        self.bytestream()
+            .query_write_status(QueryWriteStatusRequest {
+                resource_name: resource_name.to_owned(),
+            })
+            .await
+            .expect("QueryWriteStatus")
+            .into_inner()
+    }
+
+    /// Starts Execute; returns the stream of Operations.
+    pub async fn execute_stream(
+        &self,
+        action: &Digest,
+        skip_cache_lookup: bool,
+    ) -> Streaming<Operation> {
+        self.execution()
+            .execute(ExecuteRequest {
+                action_digest: Some(action.clone()),
+                skip_cache_lookup,
+                ..Default::default()
+            })
+            .await
+            .expect("Execute")
+            .into_inner()
     }
 
     /// Runs Execute to the end; returns every Operation seen and the final ExecuteResponse.
@@ -206,31 +257,67 @@ impl Server {
         action: &Digest,
         skip_cache_lookup: bool,
     ) -> (Vec<Operation>, ExecuteResponse) {
+        finish(self.execute_stream(action, skip_cache_lookup).await).await
+    }
+
+    /// Runs WaitExecution on the operation `name` to the end; returns every Operation seen and the
+    /// final ExecuteResponse.
+    pub async fn wait_execution(&self, name: &str) -> (Vec<Operation>, ExecuteResponse) {
         let stream = self
             .execution()
-            .execute(ExecuteRequest {
+            .wait_execution(WaitExecutionRequest {
+                name: name.to_owned(),
+            })
+            .await
+            .expect("WaitExecution")
+            .into_inner();
+        finish(stream).await
+    }
+
+    /// GetActionResult of `action` on the default instance, without inlining.
+    pub async fn get_action_result(&self, action: &Digest) -> Result<ActionResult, Status> {
+        self.action_cache()
+            .get_action_result(GetActionResultRequest {
                 action_digest: Some(action.clone()),
-                skip_cache_lookup,
                 ..Default::default()
             })
             .await
-            .expect("Execute")
-            .into_inner();
-        let operations: Vec<Operation> = stream.map(|op| op.expect("operation")).collect().await;
-        let response = response_of(operations.last().expect("at least one operation"));
-        (operations, response)
+            .map(Response::into_inner)
+    }
+
+    /// Stores `result` for `action` with UpdateActionResult, asserting success.
+    pub async fn update_action_result(&self, action: &Digest, result: &ActionResult) {
+        self.action_cache()
+            .update_action_result(UpdateActionResultRequest {
+                action_digest: Some(action.clone()),
+                action_result: Some(result.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect("UpdateActionResult");
+    }
+
+    /// The blobs among `digests` that the default instance lacks (FindMissingBlobs).
+    pub async fn find_missing(&self, digests: Vec<Digest>) -> Vec<Digest> {
+        self.cas()
+            .find_missing_blobs(FindMissingBlobsRequest {
+                blob_digests: digests,
+                ..Default::default()
+            })
+            .await
+            .expect("FindMissingBlobs")
+            .into_inner()
+            .missing_blob_digests
     }
 
     /// Reads a blob with BatchReadBlobs.
     pub async fn read(&self, digest: &Digest) -> Vec<u8> {
         let response = self
             .cas()
-            .batch_read_blobs(
-                bazel_remote_apis::build::bazel::remote::execution::v2::BatchReadBlobsRequest {
-                    digests: vec![digest.clone()],
-                    ..Default::default()
-                },
-            )
+            .batch_read_blobs(BatchReadBlobsRequest {
+                digests: vec![digest.clone()],
+                ..Default::default()
+            })
             .await
             .expect("BatchReadBlobs")
             .into_inner();
@@ -268,6 +355,16 @@ pub async fn refused_start(args: &[&str]) -> (ExitStatus, String) {
     )
 }
 
+/// One message of a ByteStream Write: `data` at `offset` of the upload `name`.
+pub fn write_request(name: &str, offset: usize, data: &[u8], finish: bool) -> WriteRequest {
+    WriteRequest {
+        resource_name: name.into(),
+        write_offset: offset as i64,
+        finish_write: finish,
+        data: data.to_vec(),
+    }
+}
+
 /// What an action runs: arguments, environment, input files (path, contents, executable),
 /// output paths, working directory, timeout and caching.
 #[derive(Default)]
@@ -279,6 +376,38 @@ pub struct ActionSpec<'a> {
     pub working_directory: &'a str,
     pub timeout_secs: Option<i64>,
     pub do_not_cache: bool,
+}
+
+impl ActionSpec<'_> {
+    /// The encoded Command and Action, the Action's input root being `input_root`.
+    pub fn encode(&self, input_root: Digest) -> (Vec<u8>, Vec<u8>) {
+        let command = Command {
+            arguments: self.args.iter().map(|s| s.to_string()).collect(),
+            environment_variables: self
+                .env
+                .iter()
+                .map(|(name, value)| command::EnvironmentVariable {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            output_paths: self.outputs.iter().map(|s| s.to_string()).collect(),
+            working_directory: self.working_directory.to_owned(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let action = Action {
+            command_digest: Some(digest(&command)),
+            input_root_digest: Some(input_root),
+            timeout: self
+                .timeout_secs
+                .map(|seconds| Duration { seconds, nanos: 0 }),
+            do_not_cache: self.do_not_cache,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        (command, action)
+    }
 }
 
 pub fn digest(data: &[u8]) -> Digest {
@@ -343,6 +472,13 @@ pub fn tree(files: &[(&str, &[u8], bool)]) -> (Digest, Vec<Vec<u8>>) {
     (digest, blobs)
 }
 
+/// Reads a stream of Operations to its end; returns them and the final ExecuteResponse.
+async fn finish(stream: Streaming<Operation>) -> (Vec<Operation>, ExecuteResponse) {
+    let operations: Vec<Operation> = stream.map(|op| op.expect("operation")).collect().await;
+    let response = response_of(operations.last().expect("at least one operation"));
+    (operations, response)
+}
+
 /// The ExecuteResponse of a finished Operation.
 pub fn response_of(operation: &Operation) -> ExecuteResponse {
     assert!(operation.done, "operation {} is not done", operation.name);
@@ -357,9 +493,7 @@ pub fn response_of(operation: &Operation) -> ExecuteResponse {
 /// The stage in an Operation's ExecuteOperationMetadata.
 pub fn stage_of(operation: &Operation) -> i32 {
     let metadata = operation.metadata.as_ref().expect("metadata");
-    bazel_remote_apis::build::bazel::remote::execution::v2::ExecuteOperationMetadata::decode(
-        &*metadata.value,
-    )
-    .expect("metadata")
-    .stage
+    ExecuteOperationMetadata::decode(&*metadata.value)
+        .expect("metadata")
+        .stage
 }
