@@ -7,7 +7,9 @@
 #   1. in-process ThinLTO          -Wl,--thinlto-jobs=N
 #   2. bench/minimal_distributor.py --jobs=N   (the baseline)
 #   3. dtlto-reapi --jobs=N (local mode)
-# and prints a table of seconds and ratios to (2). Everything goes to bench/out/local/ (gitignored).
+# and prints a table of wall and CPU seconds and ratios to (2); CPU time (of the link and every
+# process it starts) is the steadier figure on a machine shared with other work. Everything goes to
+# bench/out/local/ (gitignored).
 #
 # Environment: MODULES (300), FUNCTIONS per module (16), JOBS (nproc), RUNS (3).
 set -euo pipefail
@@ -52,13 +54,13 @@ link_variant() { # name
 
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
 : >"$out/times.tsv"
+TIMEFORMAT='%R %U %S' # wall, user and system seconds of the link and every process it started
 for round in $(seq 0 "$runs"); do
     for name in "${variant_names[@]}"; do
-        start=$EPOCHREALTIME
-        link_variant "$name" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
-        end=$EPOCHREALTIME
+        { time link_variant "$name" >"$out/$name.log" 2>&1; } 2>"$out/time" ||
+            { cat "$out/$name.log" >&2; exit 1; }
         # Round 0 warms the page cache and is not counted.
-        [[ $round == 0 ]] || printf '%s\t%s\t%s\n' "$name" "$start" "$end" >>"$out/times.tsv"
+        [[ $round == 0 ]] || echo "$name $(cat "$out/time")" >>"$out/times.tsv"
     done
     [[ $round == 0 ]] || say "round $round of $runs done"
 done
@@ -69,16 +71,18 @@ for name in minimal dtlto-reapi; do
     [[ $(./"$name") == "$expected" ]] || { say "$name printed something else than in-process"; exit 1; }
 done
 
-echo "$modules modules x $functions functions, N=$jobs, best of $runs (mean in parentheses)"
+echo "$modules modules x $functions functions, N=$jobs, $runs rounds; CPU = user + system seconds of the link and its children"
 python3 - "$out/times.tsv" <<'PY'
 import sys, collections
-times = collections.defaultdict(list)
+wall, cpu = collections.defaultdict(list), collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    name, start, end = line.split()
-    times[name].append(float(end) - float(start))
-base = min(times["minimal"])
-print(f"{'variant':<14}{'best s':>9}{'mean s':>9}{'best / minimal':>16}")
+    name, real, user, system = line.split()
+    wall[name].append(float(real))
+    cpu[name].append(float(user) + float(system))
+mean = lambda xs: sum(xs) / len(xs)
+base_wall, base_cpu = min(wall["minimal"]), mean(cpu["minimal"])
+print(f"{'variant':<14}{'best wall s':>13}{'mean wall s':>13}{'mean CPU s':>12}{'wall / minimal':>16}{'CPU / minimal':>15}")
 for name in ("in-process", "minimal", "dtlto-reapi"):
-    t = times[name]
-    print(f"{name:<14}{min(t):>9.2f}{sum(t) / len(t):>9.2f}{min(t) / base:>16.3f}")
+    w, c = wall[name], cpu[name]
+    print(f"{name:<14}{min(w):>13.2f}{mean(w):>13.2f}{mean(c):>12.2f}{min(w) / base_wall:>16.3f}{mean(c) / base_cpu:>15.3f}")
 PY

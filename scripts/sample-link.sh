@@ -5,7 +5,8 @@
 # It builds dtlto-reapi (release, only if out of date), gets clang/lld from scripts/toolchain.sh,
 # compiles examples/sample/*.c with -flto=thin into $CARGO_TARGET_DIR/sample (hash.c goes into the
 # static archive libsample.a), links with -fthinlto-distributor=target/release/dtlto-reapi, and runs
-# the program. Every argument is passed on to the distributor as -Xthinlto-distributor=ARG, e.g.
+# the program (CI compares what it prints with examples/sample/expected-output.txt). Every argument
+# is passed on to the distributor as -Xthinlto-distributor=ARG, e.g.
 #   scripts/sample-link.sh --jobs=2 --stats-json=/tmp/s.json
 set -euo pipefail
 

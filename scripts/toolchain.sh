@@ -19,9 +19,10 @@ major_version() { # prints the major version of an LLVM tool, or 0
 }
 
 write_wrapper() { # name, command line that takes "$@"
-    local tmp="$bin/.$1.tmp"
+    local tmp
+    tmp=$(mktemp "$bin/.$1.XXXXXX") # unique: concurrent runs must not share a temporary name
     printf '#!/bin/sh\nexec %s "$@"\n' "$2" >"$tmp"
-    chmod +x "$tmp"
+    chmod 755 "$tmp"
     mv -f "$tmp" "$bin/$1"
 }
 

@@ -174,4 +174,17 @@ pub struct SettingsArgs {
           default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_upload: Option<bool>,
+
+    /// Local disk cache of compile results, consulted before anything runs and filled after every
+    /// successful job; `--disk-cache` alone uses <user cache dir>/dtlto-reapi/disk-cache [default: off]
+    #[arg(long, env = "DTLTO_REAPI_DISK_CACHE", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_cache: Option<PathBuf>,
+
+    /// Size bound of the disk cache, least recently used entries evicted first, e.g. 500M, 20G
+    /// [default: 10G]
+    #[arg(long, env = "DTLTO_REAPI_DISK_CACHE_MAX_SIZE", value_name = "SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_cache_max_size: Option<String>,
 }

@@ -15,6 +15,7 @@ use clap::parser::ValueSource;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
 use crate::cli::SettingsArgs;
 use crate::plan::layout::LayoutKind;
 
@@ -55,16 +56,18 @@ pub struct Settings {
     pub invocation_id: Option<String>,
     pub layout: LayoutKind,
     pub remote_upload: bool,
+    pub disk_cache: Option<PathBuf>,
+    pub disk_cache_max_size: u64,
 }
 
 impl Settings {
-    fn with_defaults(layers: SettingsArgs) -> Settings {
+    fn with_defaults(layers: SettingsArgs) -> Result<Settings> {
         let default_mode = if layers.remote.is_some() {
             Mode::Remote
         } else {
             Mode::Local
         };
-        Settings {
+        Ok(Settings {
             mode: layers.mode.unwrap_or(default_mode),
             jobs: layers
                 .jobs
@@ -89,7 +92,22 @@ impl Settings {
             invocation_id: layers.invocation_id,
             layout: layers.layout.unwrap_or(LayoutKind::Canonical),
             remote_upload: layers.remote_upload.unwrap_or(true),
-        }
+            disk_cache: match layers.disk_cache {
+                // Given without a directory: the default place.
+                Some(dir) if dir.as_os_str().is_empty() => {
+                    Some(DiskCache::default_dir().context(
+                        "--disk-cache: this system has no user cache directory; give one",
+                    )?)
+                }
+                other => other,
+            },
+            disk_cache_max_size: match layers.disk_cache_max_size {
+                Some(size) => {
+                    parse_size(&size).map_err(|e| anyhow::anyhow!("--disk-cache-max-size: {e}"))?
+                }
+                None => DEFAULT_MAX_BYTES,
+            },
+        })
     }
 }
 
@@ -159,7 +177,7 @@ pub fn resolve(args: &SettingsArgs, matches: &ArgMatches) -> Result<ResolvedSett
     }
     let layers: SettingsArgs =
         serde_json::from_value(Value::Object(merged)).context("combining settings")?;
-    let settings = Settings::with_defaults(layers);
+    let settings = Settings::with_defaults(layers)?;
     for key in as_map(&settings)?.keys() {
         sources.entry(key.clone()).or_insert(Source::Default);
     }

@@ -7,13 +7,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use futures::FutureExt;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Mode, Settings};
 use crate::executor::remote::RemoteExecutor;
-use crate::executor::{self, RunContext};
+use crate::executor::{self, RunContext, Runner};
 use crate::jobs::JobFile;
 use crate::reapi::ReapiError;
 use crate::report::Reporter;
@@ -63,27 +62,15 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         }
     };
 
-    let run_locally = || {
-        executor::run_all(&ctx, settings.jobs, |job| {
-            executor::run_local_job(&ctx, job).map(|(record, _)| record)
-        })
-    };
-    let (succeeded, transfers) = match settings.mode {
-        Mode::Local => (run_locally().await, None),
-        Mode::Remote | Mode::CacheOnly => match RemoteExecutor::new(&ctx, settings).await {
-            Ok(remote) => {
-                let ok =
-                    executor::run_all(&ctx, settings.remote_jobs, |job| remote.run_job(&ctx, job))
-                        .await;
-                (ok, Some(remote.client().stats()))
-            }
+    let remote = match settings.mode {
+        Mode::Local => None,
+        Mode::Remote | Mode::CacheOnly => match RemoteExecutor::connect(&ctx, settings).await {
+            Ok(remote) => Some(remote),
             // The cluster is down or too slow to answer: the link can still be done here.
             Err(e) if settings.local_fallback && is_infrastructure(&e) => {
-                reporter.warn_once(
-                    "infrastructure",
-                    &format!("{e:#}; falling back to local compiles"),
-                );
-                (run_locally().await, None)
+                let text = format!("{e:#}; falling back to local compiles");
+                reporter.warn_once("infrastructure", &text);
+                None
             }
             Err(e) => {
                 reporter.error(&format!("{e:#}"));
@@ -91,6 +78,17 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
             }
         },
     };
+    let runner = match Runner::new(&ctx, settings, remote).await {
+        Ok(runner) => runner,
+        Err(e) => {
+            reporter.error(&format!("{e:#}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let concurrency = runner.concurrency(settings);
+    let succeeded = executor::run_all(&ctx, concurrency, |job| runner.run_job(&ctx, job)).await;
+    runner.finish(&ctx).await;
+    let transfers = runner.transfers();
     watcher.abort();
 
     let mode = serde_json::to_value(settings.mode)

@@ -7,6 +7,7 @@
 //! client and `server` the test server.
 
 pub mod bitcode;
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod driver;

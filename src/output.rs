@@ -55,14 +55,32 @@ impl StagedOutputs {
     }
 
     /// Moves every staged file into place. Fails, leaving no output of the job behind, when one is
-    /// missing or cannot be moved.
+    /// missing, the native object (the first output) is empty, or one cannot be moved.
     pub fn commit(mut self) -> io::Result<()> {
-        for (output, staged) in &self.pairs {
-            if !staged.is_file() {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("the job did not produce its output {}", output.display()),
-                ));
+        for (k, (output, staged)) in self.pairs.iter().enumerate() {
+            let size = std::fs::metadata(staged)
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|m| m.len());
+            match size {
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("the job did not produce its output {}", output.display()),
+                    ));
+                }
+                // clang's ThinLTO backend exits 0 with an empty object when it cannot load an
+                // imported module; lld would then fail far from the cause.
+                Some(0) if k == 0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "the compiler produced an empty native object {}",
+                            output.display()
+                        ),
+                    ));
+                }
+                Some(_) => {}
             }
         }
         for (done, (output, staged)) in self.pairs.iter().enumerate() {
@@ -141,6 +159,18 @@ mod tests {
         std::fs::write(first, b"half").unwrap();
         let err = staged.commit().unwrap_err();
         assert!(err.to_string().contains("m.stats"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_empty_native_object_is_a_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let staged = StagedOutputs::new(&job(dir.path()));
+        let staged_paths: Vec<PathBuf> = staged.pairs().map(|(_, s)| s.to_owned()).collect();
+        std::fs::write(&staged_paths[0], b"").unwrap();
+        std::fs::write(&staged_paths[1], b"stats").unwrap();
+        let err = staged.commit().unwrap_err();
+        assert!(err.to_string().contains("empty native object"), "{err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 

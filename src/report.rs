@@ -27,6 +27,8 @@ pub enum Ran {
     Remote,
     /// A result found in the action cache: nothing ran.
     ActionCache,
+    /// A result found in the local disk cache: nothing ran.
+    DiskCache,
     /// Nothing ran: the job never started (an earlier failure, or an interrupt).
     NotStarted,
 }
@@ -268,6 +270,10 @@ fn summary_line(
         }
     }
     let mut detail = Vec::new();
+    let disk_hits = ran(Ran::DiskCache);
+    if disk_hits > 0 {
+        detail.push(format!("{disk_hits} disk-cache hits"));
+    }
     if transfers.is_some() {
         detail.push(format!("{} cache hits", ran(Ran::ActionCache)));
         detail.push(format!("{} remote", ran(Ran::Remote)));

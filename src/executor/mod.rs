@@ -1,19 +1,34 @@
-//! Execution: runs every job of a link through a mode's per-job runner, with bounded concurrency,
-//! biggest module first, stopping new work after the first failure (unless `--keep-going`) and
-//! stopping everything when the link is cancelled.
+//! Execution: runs every job of a link, with bounded concurrency, biggest module first, stopping
+//! everything at the first failure (unless `--keep-going`) or when the link is interrupted.
+//!
+//! [`Runner`] composes the steps a job may go through — planning into an Action, the disk cache,
+//! the remote executor (`remote`), local compiles (`local`) — as the settings ask.
 
 pub mod local;
+pub mod planner;
 pub mod remote;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, Result};
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    ActionResult, ExecutedActionMetadata, OutputFile,
+};
 use futures::StreamExt;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::DiskCache;
+use crate::config::Settings;
 use crate::jobs::{Job, JobFile};
+use crate::output::StagedOutputs;
+use crate::plan::action::ActionSpec;
+use crate::reapi::{self, Digest, TransferStats};
 use crate::report::{JobRecord, Ran, Reporter, Status};
+use planner::Planner;
+use remote::RemoteExecutor;
 
 /// What every job of a run shares.
 pub struct RunContext {
@@ -71,46 +86,268 @@ fn biggest_first(jobs: &[Job]) -> Vec<Job> {
     sized.into_iter().map(|(_, job)| job.clone()).collect()
 }
 
-/// Runs one job locally and turns the outcome into its record, showing the compiler's output (which
-/// is also returned, for cache-only mode to store).
-pub async fn run_local_job(ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
-    let started = Instant::now();
-    ctx.reporter.verbose(|| {
-        format!(
-            "{}: running locally: {}",
-            job.label(),
-            ctx.job_file.command(&job).join(" ")
-        )
-    });
-    let outcome = local::run_job(&ctx.job_file, &job, &ctx.cancel).await;
-    let wall = started.elapsed();
-    match outcome {
-        local::LocalOutcome::Succeeded { output } => {
-            ctx.reporter.diagnostics(&job, &output, false);
-            let mut record = JobRecord::new(&job, Status::Succeeded, Ran::Local, wall);
-            record.exit_code = Some(0);
-            (record, output)
+/// Local compiles, at most `--jobs` at once whatever the run's overall concurrency (remote modes
+/// run many more jobs at once than this machine has cores).
+pub struct LocalRunner {
+    slots: Semaphore,
+}
+
+impl LocalRunner {
+    pub fn new(jobs: usize) -> LocalRunner {
+        LocalRunner {
+            slots: Semaphore::new(jobs.max(1)),
         }
-        local::LocalOutcome::Failed {
-            exit_code,
-            output,
-            error,
-        } => {
-            ctx.reporter.diagnostics(&job, &output, true);
-            let reason = match (&error, exit_code) {
-                (Some(e), _) => e.clone(),
-                (None, Some(code)) => format!("the compiler exited with status {code}"),
-                (None, None) => "the compiler failed".to_owned(),
-            };
-            ctx.reporter.error(&format!("{}: {reason}", job.label()));
-            let mut record = JobRecord::new(&job, Status::Failed, Ran::Local, wall);
-            record.exit_code = exit_code;
-            record.error = Some(reason);
-            (record, output)
-        }
-        local::LocalOutcome::Cancelled => (
-            JobRecord::new(&job, Status::Cancelled, Ran::Local, wall),
-            Vec::new(),
-        ),
     }
+
+    /// Runs one job locally and turns the outcome into its record, showing the compiler's output
+    /// (which is also returned, for the caches to store).
+    pub async fn run(&self, ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
+        let Ok(_slot) = self.slots.acquire().await else {
+            let record = JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO);
+            return (record, Vec::new());
+        };
+        let started = Instant::now();
+        ctx.reporter.verbose(|| {
+            format!(
+                "{}: running locally: {}",
+                job.label(),
+                ctx.job_file.command(&job).join(" ")
+            )
+        });
+        let outcome = local::run_job(&ctx.job_file, &job, &ctx.cancel).await;
+        let wall = started.elapsed();
+        match outcome {
+            local::LocalOutcome::Succeeded { output } => {
+                ctx.reporter.diagnostics(&job, &output, false);
+                let mut record = JobRecord::new(&job, Status::Succeeded, Ran::Local, wall);
+                record.exit_code = Some(0);
+                (record, output)
+            }
+            local::LocalOutcome::Failed {
+                exit_code,
+                output,
+                error,
+            } => {
+                ctx.reporter.diagnostics(&job, &output, true);
+                let reason = match (&error, exit_code) {
+                    (Some(e), _) => e.clone(),
+                    (None, Some(code)) => format!("the compiler exited with status {code}"),
+                    (None, None) => "the compiler failed".to_owned(),
+                };
+                ctx.reporter.error(&format!("{}: {reason}", job.label()));
+                let mut record = JobRecord::new(&job, Status::Failed, Ran::Local, wall);
+                record.exit_code = exit_code;
+                record.error = Some(reason);
+                (record, output)
+            }
+            local::LocalOutcome::Cancelled => (
+                JobRecord::new(&job, Status::Cancelled, Ran::Local, wall),
+                Vec::new(),
+            ),
+        }
+    }
+}
+
+/// Runs jobs the way the settings ask: planned into Actions when anything keys results by them
+/// (a remote, the disk cache), looked up in the disk cache first, then run remotely or locally,
+/// and stored in the disk cache after success.
+pub struct Runner {
+    planner: Option<Planner>,
+    remote: Option<RemoteExecutor>,
+    disk: Option<DiskCache>,
+    local: LocalRunner,
+}
+
+impl Runner {
+    /// `remote` is the connected cluster in the remote modes (None in local mode, or when the
+    /// cluster was unreachable and the link falls back to local compiles).
+    pub async fn new(
+        ctx: &RunContext,
+        settings: &Settings,
+        remote: Option<RemoteExecutor>,
+    ) -> Result<Runner> {
+        let disk = match &settings.disk_cache {
+            None => None,
+            Some(dir) => {
+                let (dir, max) = (dir.clone(), settings.disk_cache_max_size);
+                let disk = tokio::task::spawn_blocking(move || DiskCache::open(&dir, max))
+                    .await?
+                    .with_context(|| {
+                        format!("opening the disk cache {}", settings_dir(settings))
+                    })?;
+                Some(disk)
+            }
+        };
+        let planner = if remote.is_some() || disk.is_some() {
+            let legacy = remote
+                .as_ref()
+                .is_some_and(RemoteExecutor::legacy_output_files);
+            Some(Planner::new(ctx, settings, legacy).await?)
+        } else {
+            None
+        };
+        Ok(Runner {
+            planner,
+            remote,
+            disk,
+            local: LocalRunner::new(settings.jobs),
+        })
+    }
+
+    /// Jobs in flight at once: many when a cluster runs them, else as many as local compiles.
+    pub fn concurrency(&self, settings: &Settings) -> usize {
+        if self.remote.is_some() {
+            settings.remote_jobs
+        } else if self.disk.is_some() {
+            // Cache hits need no core: let them overlap with the compiles.
+            settings.jobs * 4
+        } else {
+            settings.jobs
+        }
+    }
+
+    /// The remote client's transfer counters, in the remote modes.
+    pub fn transfers(&self) -> Option<TransferStats> {
+        self.remote.as_ref().map(|r| r.client().stats())
+    }
+
+    /// Runs one job.
+    pub async fn run_job(&self, ctx: &RunContext, job: Job) -> JobRecord {
+        let started = Instant::now();
+        let spec = self.planner.as_ref().and_then(|planner| {
+            planner
+                .plan(ctx, &job)
+                .map_err(|e| {
+                    let detail = format!(
+                        "{}: {}; such jobs run locally, uncached",
+                        job.label(),
+                        e.detail
+                    );
+                    ctx.reporter.warn_once(e.cause, &detail);
+                })
+                .ok()
+        });
+        let Some(spec) = spec else {
+            return self.local.run(ctx, job).await.0;
+        };
+        ctx.reporter.verbose(|| {
+            format!(
+                "{}: action {}",
+                job.label(),
+                reapi::digest::display(&spec.action_digest)
+            )
+        });
+        let mut record = match self.disk_hit(ctx, &job, &spec, started) {
+            Some(record) => record,
+            None => {
+                let (record, output) = match &self.remote {
+                    Some(remote) => remote.run(ctx, job, &spec, &self.local, started).await,
+                    None => self.local.run(ctx, job).await,
+                };
+                if record.status == Status::Succeeded {
+                    self.store_on_disk(ctx, &spec, &output);
+                }
+                record
+            }
+        };
+        record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
+        record.layout = Some(spec.layout);
+        record
+    }
+
+    /// The job's outputs from the disk cache, if it has them all.
+    fn disk_hit(
+        &self,
+        ctx: &RunContext,
+        job: &Job,
+        spec: &ActionSpec,
+        started: Instant,
+    ) -> Option<JobRecord> {
+        let disk = self.disk.as_ref()?;
+        tokio::task::block_in_place(|| {
+            let result = disk.get_action_result(&spec.action_digest).ok()??;
+            if result.exit_code != 0 {
+                return None;
+            }
+            let staged = StagedOutputs::new(job);
+            for (name, local) in &spec.outputs {
+                let file = result.output_files.iter().find(|f| f.path == *name)?;
+                let target = staged.staged_path_of(local)?;
+                if !disk.fetch_blob(file.digest.as_ref()?, target).ok()? {
+                    return None;
+                }
+            }
+            staged.commit().ok()?;
+            ctx.reporter.diagnostics(job, &result.stderr_raw, false);
+            let mut record =
+                JobRecord::new(job, Status::Succeeded, Ran::DiskCache, started.elapsed());
+            record.exit_code = Some(0);
+            Some(record)
+        })
+    }
+
+    /// Stores a successful job's outputs (now in place) and compiler output in the disk cache.
+    fn store_on_disk(&self, ctx: &RunContext, spec: &ActionSpec, output: &[u8]) {
+        let Some(disk) = &self.disk else { return };
+        let stored = tokio::task::block_in_place(|| -> std::io::Result<()> {
+            let mut outputs = Vec::with_capacity(spec.outputs.len());
+            for (name, local) in &spec.outputs {
+                outputs.push((name.clone(), disk.store_file(local)?));
+            }
+            let mut result = local_action_result(outputs);
+            result.stderr_raw = output.to_vec();
+            disk.put_action_result(&spec.action_digest, &result)
+        });
+        if let Err(e) = stored {
+            let text = format!(
+                "cannot store results in the disk cache {}: {e}",
+                disk.dir().display()
+            );
+            ctx.reporter.warn_once("disk-cache-store", &text);
+        }
+    }
+
+    /// Ends the run: brings the disk cache back under its size bound.
+    pub async fn finish(&self, ctx: &RunContext) {
+        if let Some(disk) = &self.disk
+            && let Err(e) = tokio::task::block_in_place(|| disk.trim())
+        {
+            let text = format!("cannot trim the disk cache {}: {e}", disk.dir().display());
+            ctx.reporter.warn_once("disk-cache-trim", &text);
+        }
+    }
+}
+
+fn settings_dir(settings: &Settings) -> String {
+    settings
+        .disk_cache
+        .as_deref()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The ActionResult of a successful compile that ran here, for the caches to store.
+pub(crate) fn local_action_result(outputs: Vec<(String, Digest)>) -> ActionResult {
+    ActionResult {
+        output_files: outputs
+            .into_iter()
+            .map(|(path, digest)| OutputFile {
+                path,
+                digest: Some(digest),
+                ..Default::default()
+            })
+            .collect(),
+        exit_code: 0,
+        execution_metadata: Some(ExecutedActionMetadata {
+            worker: format!("dtlto-reapi local compile ({})", hostname()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// This machine's name, for the worker field of results it stores.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "unknown host".to_owned(), |h| h.trim().to_owned())
 }

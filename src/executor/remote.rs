@@ -1,49 +1,40 @@
 //! The remote executor: each job becomes a REAPI Action, looked up in the action cache, executed on
 //! the cluster when missing, and its outputs downloaded to where lld expects them.
 //!
-//! Per job: plan (layout, Action) → GetActionResult → on a miss, FindMissingBlobs and upload what is
-//! missing, Execute → download and verify the outputs into staged names → move them into place.
-//! A job the planner cannot express remotely, or whose remote run fails for infrastructure reasons,
-//! runs locally (with `--local-fallback`), with one warning per cause rather than per job.
+//! Per planned job: GetActionResult → on a miss, FindMissingBlobs and upload what is missing,
+//! Execute → download and verify the outputs into staged names → move them into place. A job whose
+//! remote run fails for infrastructure reasons runs locally (with `--local-fallback`), with one
+//! warning per cause rather than per job. In cache-only mode a miss compiles locally and the result
+//! is stored in the remote cache.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    ActionResult, ExecutedActionMetadata, OutputFile,
+    ActionResult, ExecutedActionMetadata,
 };
 use bazel_remote_apis::google::protobuf::Timestamp;
-use tokio::sync::Semaphore;
 
-use super::{RunContext, run_local_job};
+use super::{LocalRunner, RunContext, local_action_result};
 use crate::config::{Mode, Settings};
 use crate::jobs::Job;
 use crate::output::StagedOutputs;
-use crate::plan::action::{self, ActionOptions, ActionSpec};
-use crate::plan::digests::FileDigests;
-use crate::plan::layout::{self, LayoutKind};
+use crate::plan::action::ActionSpec;
 use crate::reapi::{
     self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
 
-/// Shared by every job of a remote run.
+/// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {
     client: Client,
-    digests: FileDigests,
-    options: ActionOptions,
-    cwd: PathBuf,
     local_fallback: bool,
-    layout: LayoutKind,
     /// Remote (execute on the cluster) or cache-only (compile locally, share through the cache).
     mode: Mode,
     /// Cache-only mode: store the results of local compiles in the remote cache.
     upload_results: bool,
-    /// Local runs (fallbacks) at once, like `--jobs` in local mode.
-    local_slots: Semaphore,
     /// Blobs this run has seen present in the CAS, so shared inputs are checked and sent once.
     present: Mutex<HashSet<Digest>>,
 }
@@ -92,76 +83,44 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
     Ok(options)
 }
 
-/// `NAME=VALUE` platform properties.
-fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
-    settings
-        .platform
-        .iter()
-        .map(|p| match p.split_once('=') {
-            Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
-            _ => bail!("--platform {p:?} is not of the form NAME=VALUE"),
-        })
-        .collect()
-}
-
 impl RemoteExecutor {
-    /// Connects (reading the server's capabilities) and hashes every input file of the link.
-    pub async fn new(ctx: &RunContext, settings: &Settings) -> Result<RemoteExecutor> {
+    /// Connects, reading the server's capabilities, and checks that it offers what the mode needs.
+    pub async fn connect(ctx: &RunContext, settings: &Settings) -> Result<RemoteExecutor> {
         let options = connection_options(settings)?;
-        let platform = platform_properties(settings)?;
         let client = Client::connect(&options).await?;
         let caps = client.capabilities();
         let mode = settings.mode;
         if mode == Mode::Remote && !caps.exec_enabled {
             bail!(
-                "the REAPI server {} does not offer remote execution; use --mode=cache-only to share results \
-                 through its cache while compiling locally",
+                "the REAPI server {} does not offer remote execution; use --mode=cache-only to \
+                 share results through its cache while compiling locally",
                 client.endpoint()
             );
         }
-        let upload_results = mode == Mode::CacheOnly
-            && settings.remote_upload
-            && {
-                if !caps.ac_update_enabled {
-                    ctx.reporter.warn_once(
-                    "read-only-cache",
-                    &format!(
-                        "the REAPI server {} does not accept action-cache updates; using its cache read-only",
-                        client.endpoint()
-                    ),
-                );
-                }
-                caps.ac_update_enabled
-            };
-        let job_file = ctx.job_file.clone();
-        let threads = settings.jobs;
-        let digests = tokio::task::spawn_blocking(move || {
-            let paths = job_file
-                .jobs
-                .iter()
-                .flat_map(|j| j.inputs.iter())
-                .chain(&job_file.common_inputs)
-                .map(PathBuf::as_path);
-            FileDigests::compute(paths, threads)
-        })
-        .await?
-        .map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
+        if mode == Mode::CacheOnly && settings.remote_upload && !caps.ac_update_enabled {
+            ctx.reporter.warn_once(
+                "read-only-cache",
+                &format!(
+                    "the REAPI server {} does not accept action-cache updates; using its cache \
+                     read-only",
+                    client.endpoint()
+                ),
+            );
+        }
         Ok(RemoteExecutor {
-            options: ActionOptions {
-                remote_compiler: settings.remote_compiler.clone(),
-                platform,
-                legacy_output_files: !client.capabilities().supports_output_paths(),
-            },
+            upload_results: mode == Mode::CacheOnly
+                && settings.remote_upload
+                && caps.ac_update_enabled,
             client,
-            digests,
-            cwd: std::env::current_dir().context("reading the working directory")?,
             local_fallback: settings.local_fallback,
-            layout: settings.layout,
             mode,
-            upload_results,
-            local_slots: Semaphore::new(settings.jobs.max(1)),
             present: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// Whether Actions must use the pre-2.1 `output_files` field for this server.
+    pub fn legacy_output_files(&self) -> bool {
+        !self.client.capabilities().supports_output_paths()
     }
 
     /// The client, for the run's transfer statistics.
@@ -169,44 +128,26 @@ impl RemoteExecutor {
         &self.client
     }
 
-    /// Runs one job remotely, or locally when it cannot run remotely.
-    pub async fn run_job(&self, ctx: &RunContext, job: Job) -> JobRecord {
-        let started = Instant::now();
-        let spec = self
-            .layout(ctx, &job)
-            .map_err(|n| (n.cause, n.detail))
-            .and_then(|layout| {
-                action::build(&ctx.job_file, &job, layout, &self.digests, &self.options)
-                    .map_err(|e| ("planning", format!("cannot plan the action: {e}")))
-            });
-        let spec = match spec {
-            Ok(spec) => spec,
-            Err((cause, detail)) => {
-                ctx.reporter.warn_once(
-                    cause,
-                    &format!("{}: {detail}; such jobs run locally", job.label()),
-                );
-                return self.run_locally(ctx, job).await.0;
-            }
-        };
+    /// Runs a planned job in the executor's mode; returns its record and the compiler's output.
+    pub async fn run(
+        &self,
+        ctx: &RunContext,
+        job: Job,
+        spec: &ActionSpec,
+        local: &LocalRunner,
+        started: Instant,
+    ) -> (JobRecord, Vec<u8>) {
         let call = CallContext {
             action_id: spec.action_digest.hash.clone(),
             target_id: job.module().to_string_lossy().into_owned(),
         };
-        ctx.reporter.verbose(|| {
-            format!(
-                "{}: action {}",
-                job.label(),
-                reapi::digest::display(&spec.action_digest)
-            )
-        });
-        let mut record = match self.mode {
-            Mode::CacheOnly => self.run_cache_only(ctx, job, &spec, &call, started).await,
-            _ => self.run_remote(ctx, job, &spec, &call, started).await,
-        };
-        record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
-        record.layout = Some(spec.layout);
-        record
+        match self.mode {
+            Mode::CacheOnly => {
+                self.run_cache_only(ctx, job, spec, &call, local, started)
+                    .await
+            }
+            _ => self.run_remote(ctx, job, spec, &call, local, started).await,
+        }
     }
 
     /// Remote mode: the action cache, else execution on the cluster, else (for infrastructure
@@ -217,22 +158,24 @@ impl RemoteExecutor {
         job: Job,
         spec: &ActionSpec,
         call: &CallContext,
+        local: &LocalRunner,
         started: Instant,
-    ) -> JobRecord {
+    ) -> (JobRecord, Vec<u8>) {
         let outcome = tokio::select! {
             outcome = self.run_remotely(&job, spec, call) => outcome,
             () = ctx.cancel.cancelled() => {
-                return JobRecord::new(&job, Status::Cancelled, Ran::Remote, started.elapsed());
+                let record = JobRecord::new(&job, Status::Cancelled, Ran::Remote, started.elapsed());
+                return (record, Vec::new());
             }
         };
-        match outcome {
+        let record = match outcome {
             Ok((ran, result)) => {
-                ctx.reporter
-                    .diagnostics(&job, &self.stderr_of(&result, call).await, false);
+                let output = self.stderr_of(&result, call).await;
+                ctx.reporter.diagnostics(&job, &output, false);
                 let mut record = JobRecord::new(&job, Status::Succeeded, ran, started.elapsed());
                 record.exit_code = Some(0);
                 record.remote = result.execution_metadata.as_ref().map(remote_times);
-                record
+                return (record, output);
             }
             Err(RemoteFailure::Compile { exit_code, stderr }) => {
                 ctx.reporter.diagnostics(&job, &stderr, true);
@@ -249,7 +192,7 @@ impl RemoteExecutor {
                     "infrastructure",
                     &format!("remote execution failed ({reason}); falling back to local compiles"),
                 );
-                self.run_locally(ctx, job).await.0
+                return local.run(ctx, job).await;
             }
             Err(RemoteFailure::Infrastructure(reason) | RemoteFailure::Other(reason)) => {
                 ctx.reporter.error(&format!("{}: {reason}", job.label()));
@@ -258,35 +201,8 @@ impl RemoteExecutor {
                 record.error = Some(reason);
                 record
             }
-        }
-    }
-
-    /// The job's layout: canonical when asked for and possible, else mirror.
-    fn layout(&self, ctx: &RunContext, job: &Job) -> Result<layout::Layout, layout::NotRemotable> {
-        if self.layout == LayoutKind::Canonical {
-            match layout::canonical(&ctx.job_file, job, &self.digests) {
-                Ok(layout) => return Ok(layout),
-                Err(e) => ctx.reporter.warn_once(
-                    e.cause,
-                    &format!(
-                        "{}: {}; such jobs use the mirror layout",
-                        job.label(),
-                        e.detail
-                    ),
-                ),
-            }
-        }
-        layout::mirror(&ctx.job_file, job, &self.cwd)
-    }
-
-    async fn run_locally(&self, ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
-        let Ok(_slot) = self.local_slots.acquire().await else {
-            return (
-                JobRecord::new(&job, Status::Cancelled, Ran::Local, Duration::ZERO),
-                Vec::new(),
-            );
         };
-        run_local_job(ctx, job).await
+        (record, Vec::new())
     }
 
     /// Cache-only mode: an action-cache hit is downloaded; a miss compiles locally and, unless the
@@ -297,8 +213,9 @@ impl RemoteExecutor {
         job: Job,
         spec: &ActionSpec,
         call: &CallContext,
+        local: &LocalRunner,
         started: Instant,
-    ) -> JobRecord {
+    ) -> (JobRecord, Vec<u8>) {
         match self
             .client
             .get_action_result(&spec.action_digest, true, call)
@@ -306,8 +223,8 @@ impl RemoteExecutor {
         {
             Ok(Some(result)) if result.exit_code == 0 => {
                 if self.materialize(&job, spec, &result, call).await.is_ok() {
-                    ctx.reporter
-                        .diagnostics(&job, &self.stderr_of(&result, call).await, false);
+                    let output = self.stderr_of(&result, call).await;
+                    ctx.reporter.diagnostics(&job, &output, false);
                     let mut record = JobRecord::new(
                         &job,
                         Status::Succeeded,
@@ -315,7 +232,7 @@ impl RemoteExecutor {
                         started.elapsed(),
                     );
                     record.exit_code = Some(0);
-                    return record;
+                    return (record, output);
                 }
             }
             Ok(_) => {}
@@ -324,54 +241,41 @@ impl RemoteExecutor {
                 &format!("action-cache lookups fail ({e}); compiling locally"),
             ),
         }
-        let (record, output) = self.run_locally(ctx, job).await;
+        let (record, output) = local.run(ctx, job).await;
         if record.status == Status::Succeeded
             && self.upload_results
-            && let Err(e) = self.store_result(spec, output, call).await
+            && let Err(e) = self.store_result(spec, &output, call).await
         {
             ctx.reporter.warn_once(
                 "cache-upload",
                 &format!("cannot store results in the remote cache ({e})"),
             );
         }
-        record
+        (record, output)
     }
 
     /// Uploads a successful local compile's outputs and compiler output, then its ActionResult.
     async fn store_result(
         &self,
         spec: &ActionSpec,
-        output: Vec<u8>,
+        output: &[u8],
         call: &CallContext,
     ) -> Result<(), ReapiError> {
         let mut blobs = Vec::new();
-        let mut output_files = Vec::new();
+        let mut outputs = Vec::new();
         for (name, local) in &spec.outputs {
             let digest = reapi::digest::of_file(local).map_err(|source| ReapiError::Io {
                 path: local.clone(),
                 source,
             })?;
-            output_files.push(OutputFile {
-                path: name.clone(),
-                digest: Some(digest.clone()),
-                ..Default::default()
-            });
+            outputs.push((name.clone(), digest.clone()));
             blobs.push(Blob::from_file(local.clone(), digest));
         }
-        let stderr = Blob::from_bytes(output);
-        let stderr_digest = stderr.digest.clone();
+        let stderr = Blob::from_bytes(output.to_vec());
+        let mut result = local_action_result(outputs);
+        result.stderr_digest = Some(stderr.digest.clone());
         blobs.push(stderr);
         self.client.upload_missing(blobs, call).await?;
-        let result = ActionResult {
-            output_files,
-            exit_code: 0,
-            stderr_digest: Some(stderr_digest),
-            execution_metadata: Some(ExecutedActionMetadata {
-                worker: format!("dtlto-reapi local compile ({})", hostname()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
         self.client
             .update_action_result(&spec.action_digest, result, call)
             .await
@@ -531,12 +435,6 @@ impl RemoteExecutor {
             _ => Vec::new(),
         }
     }
-}
-
-/// This machine's name, for the worker field of results it stores.
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "unknown host".to_owned(), |h| h.trim().to_owned())
 }
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.

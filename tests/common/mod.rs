@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::thread;
+use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 #[path = "../serve_process/mod.rs"]
@@ -630,18 +631,23 @@ fn create_dir(dir: &Path) {
     fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
 }
 
-/// A `dtlto-reapi serve` test server on loopback, killed when dropped.
+/// A `dtlto-reapi serve` test server (by default on 127.0.0.1, port 0), stopped when dropped.
 ///
 /// [`Server::start`] runs `dtlto-reapi serve <args>` (e.g. `["--hide", dir]` so that actions cannot
-/// see the client's files), waits for its first stdout line, `listening on ADDRESS`, and keeps that
-/// address for [`Server::url`]. Everything the server prints afterwards is forwarded to the test's
-/// captured stderr, prefixed with `serve:`.
+/// see the client's files), waits for its first stdout line, `listening on ADDRESS` (`grpc://HOST:PORT`,
+/// or `unix://PATH` with `--listen unix://PATH`), and keeps that address for [`Server::url`].
+/// Everything the server prints afterwards is forwarded to the test's captured stderr, prefixed
+/// with `serve:`. Dropping it sends SIGTERM so the server removes its temporary directories, and
+/// SIGKILL if it has not exited after [`Server::STOP_GRACE`].
 pub struct Server {
     child: Child,
     url: String,
 }
 
 impl Server {
+    /// How long the server may take to exit after SIGTERM (it gives running RPCs 5 s).
+    pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
     pub fn start<I, S>(args: I) -> Server
     where
         I: IntoIterator<Item = S>,
@@ -655,7 +661,7 @@ impl Server {
         let (first_line_tx, first_line) = mpsc::channel();
         forward_lines(child.stdout.take(), Some(first_line_tx));
         forward_lines(child.stderr.take(), None);
-        // From here on, dropping `server` kills the child, also when a check below panics.
+        // From here on, dropping `server` stops the child, also when a check below panics.
         let mut server = Server {
             child,
             url: String::new(),
@@ -681,6 +687,18 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         // The server may have exited already; either way it must not outlive the test.
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child, which has not been reaped (try_wait/wait below
+            // reap it only after this).
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = Instant::now() + Self::STOP_GRACE;
+            while Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -1,0 +1,101 @@
+//! Turning a job into its REAPI Action, for everything that keys results by Action digest: remote
+//! execution, the remote cache and the local disk cache.
+//!
+//! The planner hashes every input of the link once, up front, then per job chooses a layout
+//! (canonical when asked for and possible, else mirror, with one warning per cause) and builds the
+//! Action. A job that cannot be expressed as an Action at all runs locally, uncached.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+
+use super::RunContext;
+use crate::config::Settings;
+use crate::jobs::Job;
+use crate::plan::action::{self, ActionOptions, ActionSpec};
+use crate::plan::digests::FileDigests;
+use crate::plan::layout::{self, LayoutKind, NotRemotable};
+
+/// What every job's planning shares.
+pub struct Planner {
+    digests: FileDigests,
+    options: ActionOptions,
+    cwd: PathBuf,
+    layout: LayoutKind,
+}
+
+impl Planner {
+    /// Hashes every input file of the link (on blocking threads, `--jobs` at once).
+    /// `legacy_output_files` is for servers older than REAPI 2.1.
+    pub async fn new(
+        ctx: &RunContext,
+        settings: &Settings,
+        legacy_output_files: bool,
+    ) -> Result<Planner> {
+        let platform = platform_properties(settings)?;
+        let job_file = ctx.job_file.clone();
+        let threads = settings.jobs;
+        let digests = tokio::task::spawn_blocking(move || {
+            let paths = job_file
+                .jobs
+                .iter()
+                .flat_map(|j| j.inputs.iter())
+                .chain(&job_file.common_inputs)
+                .map(PathBuf::as_path);
+            FileDigests::compute(paths, threads)
+        })
+        .await?
+        .map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
+        Ok(Planner {
+            digests,
+            options: ActionOptions {
+                remote_compiler: settings.remote_compiler.clone(),
+                platform,
+                legacy_output_files,
+            },
+            cwd: std::env::current_dir().context("reading the working directory")?,
+            layout: settings.layout,
+        })
+    }
+
+    /// The Action of `job`, or why it has none.
+    pub fn plan(&self, ctx: &RunContext, job: &Job) -> Result<ActionSpec, NotRemotable> {
+        let layout = self.layout(ctx, job)?;
+        action::build(&ctx.job_file, job, layout, &self.digests, &self.options).map_err(|e| {
+            NotRemotable {
+                cause: "planning",
+                detail: format!("cannot plan the action: {e}"),
+            }
+        })
+    }
+
+    /// Canonical when asked for and possible, else mirror.
+    fn layout(&self, ctx: &RunContext, job: &Job) -> Result<layout::Layout, NotRemotable> {
+        if self.layout == LayoutKind::Canonical {
+            match layout::canonical(&ctx.job_file, job, &self.digests) {
+                Ok(layout) => return Ok(layout),
+                Err(e) => ctx.reporter.warn_once(
+                    e.cause,
+                    &format!(
+                        "{}: {}; such jobs use the mirror layout",
+                        job.label(),
+                        e.detail
+                    ),
+                ),
+            }
+        }
+        layout::mirror(&ctx.job_file, job, &self.cwd)
+    }
+}
+
+/// `NAME=VALUE` platform properties.
+fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
+    settings
+        .platform
+        .iter()
+        .map(|p| match p.split_once('=') {
+            Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+            _ => bail!("--platform {p:?} is not of the form NAME=VALUE"),
+        })
+        .collect()
+}
