@@ -6,24 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Chain, Linked, Project, Server, chain, read_json};
-
-/// The chain program with its last module in a static archive.
-fn project() -> (Project, String) {
-    let Chain {
-        mut sources,
-        expected_output,
-    } = chain(3);
-    let archived = sources.remove(2);
-    let mut project = Project::new();
-    project
-        .add_sources(sources.iter().map(|(n, c)| (n.as_str(), c.as_str())))
-        .add_archive(
-            "lib (a)/libchain.a",
-            [(archived.0.as_str(), archived.1.as_str())],
-        );
-    (project, expected_output)
-}
+use common::{Linked, Project, Server, chain_with_archive, ran_only};
 
 /// Links `project` with the disk cache in `cache` plus `extra` options; returns the link and how
 /// many jobs ran where.
@@ -33,62 +16,38 @@ fn link(
     cache: &Path,
     extra: &[String],
 ) -> (Linked, BTreeMap<String, usize>) {
-    let stats = project
-        .dir()
-        .join(format!("{}.json", output.replace('/', "-")));
-    let mut link = project
+    let linked = project
         .link(output)
         .distributor_arg(format!("--disk-cache={}", cache.display()))
-        .distributor_arg(format!("--stats-json={}", stats.display()))
-        .save_temps();
-    for arg in extra {
-        link = link.distributor_arg(arg);
-    }
-    let linked = link.run();
+        .distributor_args(extra)
+        .stats_json()
+        .save_temps()
+        .run();
     linked.assert_success();
-    let mut ran = BTreeMap::new();
-    for job in read_json(&stats)["jobs"].as_array().expect("jobs") {
-        *ran.entry(job["ran"].as_str().unwrap_or("?").to_owned())
-            .or_insert(0) += 1;
-    }
+    let ran = linked.stats().ran();
     (linked, ran)
-}
-
-fn only(place: &str, n: usize) -> BTreeMap<String, usize> {
-    BTreeMap::from([(place.to_owned(), n)])
-}
-
-fn sorted_objects(linked: &Linked) -> Vec<Vec<u8>> {
-    let mut objects: Vec<Vec<u8>> = linked
-        .native_objects()
-        .iter()
-        .map(|p| std::fs::read(p).expect("native object"))
-        .collect();
-    objects.sort();
-    objects
 }
 
 #[test]
 fn a_local_relink_comes_from_the_disk_cache() {
-    let (project, expected) = project();
+    let (project, expected) = chain_with_archive(3);
     let cache = tempfile::tempdir().expect("tempdir");
     let (first, ran) = link(&project, "one/app", cache.path(), &[]);
     assert_eq!(first.run_program(), expected);
-    assert_eq!(ran, only("local", 4));
+    assert_eq!(ran, ran_only("local", 4));
     let (second, ran) = link(&project, "two/app", cache.path(), &[]);
     assert_eq!(second.run_program(), expected);
-    assert_eq!(ran, only("disk-cache", 4));
-    assert_eq!(sorted_objects(&first), sorted_objects(&second));
-    assert!(
-        second.stderr.contains("4 disk-cache hits"),
-        "{}",
-        second.stderr
+    assert_eq!(ran, ran_only("disk-cache", 4));
+    assert_eq!(
+        first.native_object_contents(),
+        second.native_object_contents()
     );
+    second.assert_stderr_contains("4 disk-cache hits");
 }
 
 #[test]
 fn concurrent_links_share_one_disk_cache() {
-    let (project, expected) = project();
+    let (project, expected) = chain_with_archive(3);
     let cache = tempfile::tempdir().expect("tempdir");
     std::thread::scope(|scope| {
         let links: Vec<_> = (0..3)
@@ -104,31 +63,31 @@ fn concurrent_links_share_one_disk_cache() {
     });
     let (last, ran) = link(&project, "after/app", cache.path(), &[]);
     assert_eq!(last.run_program(), expected);
-    assert_eq!(ran, only("disk-cache", 4));
+    assert_eq!(ran, ran_only("disk-cache", 4));
 }
 
 #[test]
 fn the_disk_cache_is_consulted_before_the_cluster_and_filled_from_it() {
-    let (project, expected) = project();
+    let (project, expected) = chain_with_archive(3);
     let server = Server::start(["--hide".to_owned(), project.dir().display().to_string()]);
     let remote = [format!("--remote={}", server.url())];
     let cache = tempfile::tempdir().expect("tempdir");
     let (first, ran) = link(&project, "one/app", cache.path(), &remote);
     assert_eq!(first.run_program(), expected);
-    assert_eq!(ran, only("remote", 4));
+    assert_eq!(ran, ran_only("remote", 4));
     let (second, ran) = link(&project, "two/app", cache.path(), &remote);
     assert_eq!(second.run_program(), expected);
-    assert_eq!(ran, only("disk-cache", 4));
+    assert_eq!(ran, ran_only("disk-cache", 4));
 
     // The same Actions as local mode: what a remote link put in the disk cache serves a local one.
     let (third, ran) = link(&project, "three/app", cache.path(), &[]);
     assert_eq!(third.run_program(), expected);
-    assert_eq!(ran, only("disk-cache", 4));
+    assert_eq!(ran, ran_only("disk-cache", 4));
 }
 
 #[test]
 fn a_damaged_disk_cache_never_yields_a_wrong_object() {
-    let (project, expected) = project();
+    let (project, expected) = chain_with_archive(3);
     let cache = tempfile::tempdir().expect("tempdir");
     let (first, _) = link(&project, "one/app", cache.path(), &[]);
     // Flip a byte in every stored blob: each hit must be detected as corrupt and recompiled.
@@ -144,6 +103,9 @@ fn a_damaged_disk_cache_never_yields_a_wrong_object() {
     }
     let (second, ran) = link(&project, "two/app", cache.path(), &[]);
     assert_eq!(second.run_program(), expected);
-    assert_eq!(ran, only("local", 4));
-    assert_eq!(sorted_objects(&first), sorted_objects(&second));
+    assert_eq!(ran, ran_only("local", 4));
+    assert_eq!(
+        first.native_object_contents(),
+        second.native_object_contents()
+    );
 }

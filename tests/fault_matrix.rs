@@ -17,8 +17,7 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Chain, Linked, Project, Server, chain};
-use serde_json::Value;
+use common::{Linked, Project, Server, Stats, chain_with_archive, ran_only};
 
 /// Modules in each test's program; with `main.c` and the archived module that is four jobs.
 const MODULES: usize = 3;
@@ -36,21 +35,13 @@ struct Case {
 }
 
 impl Case {
-    /// The chain program, its last module in a static archive, names with spaces and parentheses;
-    /// linked locally once for reference.
+    /// The chain program, its last module in a static archive, names with spaces and parentheses
+    /// ([`chain_with_archive`]); linked locally once for reference.
     fn new() -> Case {
-        let Chain {
-            mut sources,
-            expected_output,
-        } = chain(MODULES);
-        let archived = sources.remove(MODULES - 1);
-        let mut project = Project::new();
-        project
-            .add_sources(sources.iter().map(|(n, c)| (format!("src (1)/{n}"), c)))
-            .add_archive("lib dir/libchain (x).a", [(archived.0, archived.1)]);
+        let (project, expected_output) = chain_with_archive(MODULES);
         let local = project.link("local/app").save_temps().run();
         assert_eq!(local.run_program(), expected_output);
-        let local_objects = native_object_contents(&local);
+        let local_objects = local.native_object_contents();
         assert_eq!(local_objects.len(), JOBS, "{:?}", local.native_objects());
         Case {
             project,
@@ -72,16 +63,13 @@ impl Case {
     /// Links through `url` into `output`'s directory with `extra` distributor options; does not
     /// judge the result.
     fn link(&self, url: &str, output: &str, extra: &[&str]) -> Remote {
-        let stats = self.project.dir().join(format!("{output}.stats.json"));
-        let mut link = self
+        let link = self
             .project
             .link(output)
-            .distributor_arg(format!("--remote={url}"))
-            .distributor_arg(format!("--stats-json={}", stats.display()))
+            .remote(url)
+            .distributor_args(extra)
+            .stats_json()
             .save_temps();
-        for arg in extra {
-            link = link.distributor_arg(arg);
-        }
         let started = Instant::now();
         let linked = link.run();
         let elapsed = started.elapsed();
@@ -90,7 +78,7 @@ impl Case {
             linked.status, linked.stderr
         );
         Remote {
-            stats: stats.exists().then(|| common::read_json(&stats)),
+            stats: linked.written_stats(),
             linked,
             elapsed,
         }
@@ -105,7 +93,7 @@ impl Case {
             remote.linked.stderr
         );
         assert!(
-            native_object_contents(&remote.linked) == self.local_objects,
+            remote.linked.native_object_contents() == self.local_objects,
             "the native objects differ from the local link's\n{}",
             remote.linked.stderr
         );
@@ -116,12 +104,12 @@ impl Case {
 struct Remote {
     linked: Linked,
     /// The `--stats-json` file, when the distributor got far enough to write it.
-    stats: Option<Value>,
+    stats: Option<Stats>,
     elapsed: Duration,
 }
 
 impl Remote {
-    fn stats(&self) -> &Value {
+    fn stats(&self) -> &Stats {
         self.stats
             .as_ref()
             .unwrap_or_else(|| panic!("the link wrote no --stats-json\n{}", self.linked.stderr))
@@ -129,22 +117,12 @@ impl Remote {
 
     /// How many jobs ran where (`remote`, `action-cache`, `local`).
     fn ran(&self) -> BTreeMap<String, usize> {
-        let Some(Value::Array(jobs)) = self.stats().get("jobs") else {
-            panic!("no jobs array in {}", self.stats());
-        };
-        let mut counts = BTreeMap::new();
-        for job in jobs {
-            let place = job["ran"].as_str().unwrap_or("?").to_owned();
-            *counts.entry(place).or_insert(0) += 1;
-        }
-        counts
+        self.stats().ran()
     }
 
     /// RPC attempts the client repeated after transient failures.
     fn rpc_retries(&self) -> u64 {
-        self.stats()["transfers"]["rpc_retries"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no transfers.rpc_retries in {}", self.stats()))
+        self.stats().transfers("rpc_retries")
     }
 
     /// The stderr lines announcing the local fallback.
@@ -160,7 +138,7 @@ impl Remote {
     fn assert_all_ran(&self, place: &str) {
         assert_eq!(
             self.ran(),
-            BTreeMap::from([(place.to_owned(), JOBS)]),
+            ran_only(place, JOBS),
             "{}\n{}",
             self.stats(),
             self.linked.stderr
@@ -177,23 +155,32 @@ impl Remote {
     }
 }
 
-fn native_object_contents(linked: &Linked) -> Vec<Vec<u8>> {
-    let mut contents: Vec<Vec<u8>> = linked
-        .native_objects()
-        .iter()
-        .map(|p| fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .collect();
-    contents.sort();
-    contents
+/// Links a new [`Case`] through a server with `faults` and checks that the fault was absorbed: the
+/// link is correct and every job ran remotely. Returns the link for further checks.
+fn link_absorbing(faults: &[&str]) -> Remote {
+    let case = Case::new();
+    let server = case.server(faults);
+    let remote = case.link(server.url(), "out/app", &[]);
+    case.assert_correct(&remote);
+    remote.assert_all_ran("remote");
+    remote
+}
+
+/// Links a new [`Case`] through a server with `faults`, with `extra` distributor options, and
+/// checks that the link is correct although every job fell back to a local compile, announced by
+/// one warning that mentions `cause`. Returns the link for further checks.
+fn link_falling_back(faults: &[&str], extra: &[&str], cause: &str) -> Remote {
+    let case = Case::new();
+    let server = case.server(faults);
+    let remote = case.link(server.url(), "out/app", extra);
+    case.assert_correct(&remote);
+    remote.assert_fell_back(cause);
+    remote
 }
 
 #[test]
 fn unavailable_executes_are_retried() {
-    let case = Case::new();
-    let server = case.server(&["--fault-fail=Execute=UNAVAILABLE:3"]);
-    let remote = case.link(server.url(), "out/app", &[]);
-    case.assert_correct(&remote);
-    remote.assert_all_ran("remote");
+    let remote = link_absorbing(&["--fault-fail=Execute=UNAVAILABLE:3"]);
     assert!(remote.rpc_retries() >= 3, "{}", remote.stats());
     assert!(
         remote.fallback_warnings().is_empty(),
@@ -314,22 +301,14 @@ fn without_fallback_a_server_killed_mid_link_fails_the_link_with_the_reason() {
 
 #[test]
 fn a_corrupted_download_is_read_again() {
-    let case = Case::new();
-    let server = case.server(&["--fault-corrupt-reads=1"]);
-    let remote = case.link(server.url(), "out/app", &[]);
     // Had the corrupt blob been accepted, the objects would differ from the local link's; had it
     // not been read again, the job would have run locally.
-    case.assert_correct(&remote);
-    remote.assert_all_ran("remote");
+    link_absorbing(&["--fault-corrupt-reads=1"]);
 }
 
 #[test]
 fn persistent_corruption_is_an_infrastructure_failure() {
-    let case = Case::new();
-    let server = case.server(&["--fault-corrupt-reads=1000000"]);
-    let remote = case.link(server.url(), "out/app", &[]);
-    case.assert_correct(&remote);
-    remote.assert_fell_back("corrupt");
+    link_falling_back(&["--fault-corrupt-reads=1000000"], &[], "corrupt");
 }
 
 /// A server that takes 1.5 s to answer anything, against a 1 s deadline per call.
@@ -337,15 +316,15 @@ const SLOWER_THAN_THE_DEADLINE: [&str; 2] = ["--fault-delay-ms=1500", "--remote-
 
 #[test]
 fn a_server_slower_than_the_deadline_leaves_the_link_to_the_local_fallback() {
-    let case = Case::new();
-    let server = case.server(&SLOWER_THAN_THE_DEADLINE[..1]);
-    let remote = case.link(server.url(), "out/app", &SLOWER_THAN_THE_DEADLINE[1..]);
+    let remote = link_falling_back(
+        &SLOWER_THAN_THE_DEADLINE[..1],
+        &SLOWER_THAN_THE_DEADLINE[1..],
+        "DEADLINE_EXCEEDED",
+    );
     eprintln!(
         "a link against a server slower than the deadline took {:.2?}",
         remote.elapsed
     );
-    case.assert_correct(&remote);
-    remote.assert_fell_back("DEADLINE_EXCEEDED");
 }
 
 #[test]
@@ -373,11 +352,7 @@ fn without_fallback_a_server_slower_than_the_deadline_fails_the_link_in_bounded_
 
 #[test]
 fn tiny_batch_limit() {
-    let case = Case::new();
-    let server = case.server(&["--max-batch-bytes=1024"]);
-    let remote = case.link(server.url(), "out/app", &[]);
-    case.assert_correct(&remote);
-    remote.assert_all_ran("remote");
+    link_absorbing(&["--max-batch-bytes=1024"]);
 }
 
 #[test]
@@ -385,12 +360,10 @@ fn permission_denied_is_not_retried_and_fails_the_link() {
     let case = Case::new();
     let server = case.server(&["--fault-fail=GetActionResult=PERMISSION_DENIED:100"]);
     let remote = case.link(server.url(), "out/app", &[]);
-    remote.linked.assert_failure();
-    assert!(
-        remote.linked.stderr.contains("PERMISSION_DENIED"),
-        "{}",
-        remote.linked.stderr
-    );
+    remote
+        .linked
+        .assert_failure()
+        .assert_stderr_contains("PERMISSION_DENIED");
     assert_eq!(remote.rpc_retries(), 0, "{}", remote.stats());
     assert!(
         remote.fallback_warnings().is_empty(),
@@ -402,13 +375,9 @@ fn permission_denied_is_not_retried_and_fails_the_link() {
 
 #[test]
 fn a_worker_without_the_compiler_leaves_the_link_to_the_local_fallback() {
-    let case = Case::new();
-    let server = case.server(&[]);
-    let remote = case.link(
-        server.url(),
-        "out/app",
+    link_falling_back(
+        &[],
         &["--remote-compiler=/nonexistent/clang"],
+        "cannot run the compiler",
     );
-    case.assert_correct(&remote);
-    remote.assert_fell_back("cannot run the compiler");
 }

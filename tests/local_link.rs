@@ -10,10 +10,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::fs;
 use std::process::Command;
 
-use common::{Chain, Linked, Project, chain, distributor, read_json, run, toolchain, write};
+use common::{Chain, Linked, Project, chain, distributor, run, toolchain, write};
 use serde_json::Value;
 
 /// Modules in the test program; the last one lives in the archive.
@@ -84,19 +83,10 @@ fn one_job_at_a_time_gives_the_same_native_objects_as_the_default() {
     assert_eq!(parallel.run_program(), expected);
 
     // Object names contain the linker's PID, so compare the sorted contents.
-    let contents = |linked: &Linked| {
-        let mut objects: Vec<Vec<u8>> = linked
-            .native_objects()
-            .iter()
-            .map(|path| fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-            .collect();
-        objects.sort();
-        objects
-    };
-    let serial_objects = contents(&serial);
+    let serial_objects = serial.native_object_contents();
     assert_eq!(serial_objects.len(), JOBS);
     assert!(
-        serial_objects == contents(&parallel),
+        serial_objects == parallel.native_object_contents(),
         "native objects differ between --jobs=1 and the default:\n{:?}\n{:?}",
         serial.native_objects(),
         parallel.native_objects()
@@ -106,23 +96,14 @@ fn one_job_at_a_time_gives_the_same_native_objects_as_the_default() {
 #[test]
 fn stats_json_has_one_record_per_job() {
     let (project, expected) = odd_names_project("");
-    let stats = project.dir().join("stats (1).json");
-    let mut flag = std::ffi::OsString::from("--stats-json=");
-    flag.push(&stats);
-    let linked = project
-        .link("out/app")
-        .distributor_arg(flag)
-        .save_temps()
-        .run();
+    // The statistics go to `out/app (1).stats.json`: a path with a space and parentheses.
+    let linked = project.link("out/app (1)").stats_json().save_temps().run();
     assert_eq!(linked.run_program(), expected);
 
     let jobs = job_records(&linked);
     assert_eq!(jobs.len(), JOBS);
-    let stats = read_json(&stats);
-    let records = stats
-        .get("jobs")
-        .and_then(Value::as_array)
-        .unwrap_or_else(|| panic!("stats have no jobs array: {stats}"));
+    let stats = linked.stats();
+    let records = stats.jobs();
     assert_eq!(records.len(), JOBS, "{stats}");
 
     let modules = |records: &[Value]| -> BTreeSet<String> {
@@ -165,12 +146,9 @@ fn a_failing_backend_compile_fails_the_link_and_leaves_no_native_object() {
         .compiler_arg("--no-such-flag")
         .save_temps()
         .run();
-    linked.assert_failure();
-    assert!(
-        linked.stderr.contains("unknown argument: '--no-such-flag'"),
-        "the compiler's message is not visible:\n{}",
-        linked.stderr
-    );
+    linked
+        .assert_failure()
+        .assert_stderr_contains("unknown argument: '--no-such-flag'");
     assert_eq!(linked.native_objects(), Vec::<std::path::PathBuf>::new());
 }
 
@@ -180,11 +158,7 @@ fn a_warning_from_a_successful_compile_is_shown() {
     // Each backend compile gets `-O2 ... -O4`; clang warns that -O4 means -O3.
     let linked = project.link("out/app").compiler_arg("-O4").run();
     assert_eq!(linked.run_program(), expected);
-    assert!(
-        linked.stderr.contains("-O4 is equivalent to -O3"),
-        "the compiler's warning is not visible:\n{}",
-        linked.stderr
-    );
+    linked.assert_stderr_contains("-O4 is equivalent to -O3");
 }
 
 #[test]

@@ -4,7 +4,6 @@
 
 mod support_server;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
@@ -12,7 +11,6 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 };
 use dtlto_reapi::reapi::{Blob, CallContext, Client, ConnectionOptions, ReapiError, Stage, digest};
 use support_server::{Server, tree};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tonic::Code;
 
 fn ctx() -> CallContext {
@@ -23,7 +21,7 @@ fn ctx() -> CallContext {
 }
 
 fn options(server: &Server) -> ConnectionOptions {
-    let mut opts = ConnectionOptions::new(server.url.replace("http://", "grpc://"));
+    let mut opts = ConnectionOptions::new(server.address.clone());
     opts.timeout = Duration::from_secs(20);
     opts
 }
@@ -472,17 +470,8 @@ async fn unix_socket_endpoint() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("re.sock");
     let listen = format!("unix://{}", socket.display());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
-        .args(["serve", "--listen", &listen])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn serve");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).await.unwrap();
-    assert_eq!(line.trim(), format!("listening on {listen}"));
+    let server = Server::start(&["--listen", &listen]).await;
+    assert_eq!(server.address, listen);
 
     let client = Client::connect(&ConnectionOptions::new(listen))
         .await

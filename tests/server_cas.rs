@@ -6,14 +6,14 @@ mod support_server;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, Digest, Directory, DirectoryNode,
-    FindMissingBlobsRequest, GetActionResultRequest, GetCapabilitiesRequest, GetTreeRequest,
-    OutputFile, UpdateActionResultRequest, batch_update_blobs_request,
+    ExecuteRequest, FindMissingBlobsRequest, GetActionResultRequest, GetCapabilitiesRequest,
+    GetTreeRequest, OutputFile, batch_update_blobs_request,
     content_addressable_storage_client::ContentAddressableStorageClient,
 };
-use bazel_remote_apis::google::bytestream::{QueryWriteStatusRequest, ReadRequest, WriteRequest};
+use bazel_remote_apis::google::bytestream::ReadRequest;
 use futures::StreamExt;
 use prost::Message;
-use support_server::{Server, digest};
+use support_server::{Server, digest, write_request};
 use tonic::Code;
 
 #[tokio::test]
@@ -77,15 +77,8 @@ async fn batch_update_verifies_digests_and_batch_read_returns_blobs() {
     assert_eq!(codes, vec![Code::Ok as i32, Code::InvalidArgument as i32]);
 
     let missing = server
-        .cas()
-        .find_missing_blobs(FindMissingBlobsRequest {
-            blob_digests: vec![digest(&good), liar.clone(), digest(b"")],
-            ..Default::default()
-        })
-        .await
-        .expect("FindMissingBlobs")
-        .into_inner()
-        .missing_blob_digests;
+        .find_missing(vec![digest(&good), liar.clone(), digest(b"")])
+        .await;
     assert_eq!(
         missing,
         vec![liar.clone()],
@@ -223,15 +216,6 @@ async fn get_tree_walks_the_tree_in_pages() {
     assert_eq!(status.code(), Code::NotFound);
 }
 
-fn write_request(name: &str, offset: usize, data: &[u8], finish: bool) -> WriteRequest {
-    WriteRequest {
-        resource_name: name.into(),
-        write_offset: offset as i64,
-        finish_write: finish,
-        data: data.to_vec(),
-    }
-}
-
 #[tokio::test]
 async fn bytestream_writes_in_chunks_resumes_and_reads_ranges() {
     let server = Server::start(&[]).await;
@@ -243,79 +227,38 @@ async fn bytestream_writes_in_chunks_resumes_and_reads_ranges() {
     );
 
     // The first attempt stops after 100 000 bytes without finishing.
-    let half = futures::stream::iter(vec![
+    let half = vec![
         write_request(&name, 0, &blob[..60_000], false),
         write_request("", 60_000, &blob[60_000..100_000], false),
-    ]);
+    ];
     let status = server
-        .bytestream()
-        .write(half)
+        .bytestream_write(half)
         .await
         .expect_err("unfinished write");
     assert_eq!(status.code(), Code::InvalidArgument);
-    let query = server
-        .bytestream()
-        .query_write_status(QueryWriteStatusRequest {
-            resource_name: name.clone(),
-        })
-        .await
-        .expect("QueryWriteStatus")
-        .into_inner();
+    let query = server.query_write_status(&name).await;
     assert_eq!((query.committed_size, query.complete), (100_000, false));
 
     // Resuming at the committed size completes the upload.
-    let rest = futures::stream::iter(vec![write_request(&name, 100_000, &blob[100_000..], true)]);
-    let committed = server
-        .bytestream()
-        .write(rest)
-        .await
-        .expect("resumed write")
-        .into_inner()
-        .committed_size;
+    let rest = vec![write_request(&name, 100_000, &blob[100_000..], true)];
+    let committed = server.bytestream_write(rest).await.expect("resumed write");
     assert_eq!(committed, blob.len() as i64);
-    let query = server
-        .bytestream()
-        .query_write_status(QueryWriteStatusRequest {
-            resource_name: name.clone(),
-        })
-        .await
-        .expect("QueryWriteStatus")
-        .into_inner();
-    assert!(query.complete);
+    assert!(server.query_write_status(&name).await.complete);
 
     // A second upload of the same blob completes at once, before all data is sent.
     let again = format!(
         "uploads/4f0e3c1a-0000-4000-8000-000000000002/blobs/{}/{}",
         d.hash, d.size_bytes
     );
-    let early = futures::stream::iter(vec![write_request(&again, 0, &blob[..10], false)]);
+    let early = vec![write_request(&again, 0, &blob[..10], false)];
     let committed = server
-        .bytestream()
-        .write(early)
+        .bytestream_write(early)
         .await
-        .expect("early completion")
-        .into_inner()
-        .committed_size;
+        .expect("early completion");
     assert_eq!(committed, blob.len() as i64);
 
-    let read = |offset: i64, limit: i64| {
-        let mut client = server.bytestream();
-        let resource_name = format!("blobs/{}/{}", d.hash, d.size_bytes);
-        async move {
-            let stream = client
-                .read(ReadRequest {
-                    resource_name,
-                    read_offset: offset,
-                    read_limit: limit,
-                })
-                .await?
-                .into_inner();
-            let chunks: Vec<_> = stream.collect().await;
-            chunks.into_iter().try_fold(Vec::new(), |mut all, chunk| {
-                all.extend(chunk?.data);
-                Ok::<_, tonic::Status>(all)
-            })
-        }
+    let read = |offset, limit| {
+        server.bytestream_read(format!("blobs/{}/{}", d.hash, d.size_bytes), offset, limit)
     };
     assert_eq!(read(0, 0).await.expect("read all"), blob);
     assert_eq!(read(150_000, 0).await.expect("read tail"), blob[150_000..]);
@@ -331,45 +274,41 @@ async fn bytestream_refuses_mismatched_and_unknown_blobs() {
     let server = Server::start(&[]).await;
     let claimed = digest(b"claimed contents");
     let name = format!("uploads/u1/blobs/{}/{}", claimed.hash, claimed.size_bytes);
-    let lie = futures::stream::iter(vec![write_request(&name, 0, b"CLAIMED CONTENTS", true)]);
+    let lie = vec![write_request(&name, 0, b"CLAIMED CONTENTS", true)];
     assert_eq!(
         server
-            .bytestream()
-            .write(lie)
+            .bytestream_write(lie)
             .await
             .expect_err("mismatch")
             .code(),
         Code::InvalidArgument
     );
-    let missing = server
-        .cas()
-        .find_missing_blobs(FindMissingBlobsRequest {
-            blob_digests: vec![claimed.clone()],
-            ..Default::default()
-        })
-        .await
-        .expect("FindMissingBlobs")
-        .into_inner()
-        .missing_blob_digests;
+    let missing = server.find_missing(vec![claimed.clone()]).await;
     assert_eq!(missing, vec![claimed.clone()]);
-    let status = server
+    let name = format!("blobs/{}/{}", claimed.hash, claimed.size_bytes);
+    assert_eq!(
+        refused_read(&server, name, "not stored").await,
+        Code::NotFound
+    );
+    let name = "blobs/../../etc/passwd".to_owned();
+    assert_eq!(
+        refused_read(&server, name, "malformed name").await,
+        Code::InvalidArgument
+    );
+}
+
+/// The code of the status with which the server refuses a ByteStream Read of `resource_name` (for
+/// the reason `why`) before sending any data.
+async fn refused_read(server: &Server, resource_name: String, why: &str) -> Code {
+    server
         .bytestream()
         .read(ReadRequest {
-            resource_name: format!("blobs/{}/{}", claimed.hash, claimed.size_bytes),
+            resource_name,
             ..Default::default()
         })
         .await
-        .expect_err("not stored");
-    assert_eq!(status.code(), Code::NotFound);
-    let status = server
-        .bytestream()
-        .read(ReadRequest {
-            resource_name: "blobs/../../etc/passwd".into(),
-            ..Default::default()
-        })
-        .await
-        .expect_err("malformed name");
-    assert_eq!(status.code(), Code::InvalidArgument);
+        .expect_err(why)
+        .code()
 }
 
 #[tokio::test]
@@ -396,32 +335,15 @@ async fn action_cache_stores_results_and_inlines_on_request() {
         ..Default::default()
     };
     let status = server
-        .action_cache()
-        .get_action_result(GetActionResultRequest {
-            action_digest: Some(action.clone()),
-            ..Default::default()
-        })
+        .get_action_result(&action)
         .await
         .expect_err("not cached yet");
     assert_eq!(status.code(), Code::NotFound);
-    server
-        .action_cache()
-        .update_action_result(UpdateActionResultRequest {
-            action_digest: Some(action.clone()),
-            action_result: Some(result.clone()),
-            ..Default::default()
-        })
-        .await
-        .expect("UpdateActionResult");
+    server.update_action_result(&action, &result).await;
     let plain = server
-        .action_cache()
-        .get_action_result(GetActionResultRequest {
-            action_digest: Some(action.clone()),
-            ..Default::default()
-        })
+        .get_action_result(&action)
         .await
-        .expect("GetActionResult")
-        .into_inner();
+        .expect("GetActionResult");
     assert_eq!(plain, result);
     let inlined = server
         .action_cache()
@@ -452,45 +374,29 @@ async fn every_service_checks_the_instance_name() {
         .expect_err("wrong instance");
     assert_eq!(other.code(), Code::NotFound);
     let default = server
-        .action_cache()
-        .get_action_result(GetActionResultRequest {
-            action_digest: Some(digest(b"x")),
-            ..Default::default()
-        })
+        .get_action_result(&digest(b"x"))
         .await
         .expect_err("wrong instance");
     assert_eq!(default.code(), Code::NotFound);
     let d = digest(b"x");
-    let read = server
-        .bytestream()
-        .read(ReadRequest {
-            resource_name: format!("other/blobs/{}/{}", d.hash, d.size_bytes),
+    let name = format!("other/blobs/{}/{}", d.hash, d.size_bytes);
+    assert_eq!(
+        refused_read(&server, name, "wrong instance").await,
+        Code::NotFound
+    );
+    let execute = server
+        .execution()
+        .execute(ExecuteRequest {
+            action_digest: Some(d.clone()),
             ..Default::default()
         })
         .await
         .expect_err("wrong instance");
-    assert_eq!(read.code(), Code::NotFound);
-    let execute = server
-        .execution()
-        .execute(
-            bazel_remote_apis::build::bazel::remote::execution::v2::ExecuteRequest {
-                action_digest: Some(d.clone()),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect_err("wrong instance");
     assert_eq!(execute.code(), Code::NotFound);
 
-    let upload = futures::stream::iter(vec![write_request(
-        &format!("main/ci/uploads/u/blobs/{}/{}", d.hash, d.size_bytes),
-        0,
-        b"x",
-        true,
-    )]);
+    let name = format!("main/ci/uploads/u/blobs/{}/{}", d.hash, d.size_bytes);
     server
-        .bytestream()
-        .write(upload)
+        .bytestream_write(vec![write_request(&name, 0, b"x", true)])
         .await
         .expect("right instance");
     let found = server
@@ -520,28 +426,15 @@ async fn cas_dir_keeps_blobs_and_results_across_restarts() {
 
     let first = Server::start(&["--cas-dir", cas_dir]).await;
     first.upload(std::slice::from_ref(&blob)).await;
-    first
-        .action_cache()
-        .update_action_result(UpdateActionResultRequest {
-            action_digest: Some(action.clone()),
-            action_result: Some(result.clone()),
-            ..Default::default()
-        })
-        .await
-        .expect("UpdateActionResult");
+    first.update_action_result(&action, &result).await;
     assert!(first.terminate().await.success(), "SIGTERM exits 0");
 
     let second = Server::start(&["--cas-dir", cas_dir]).await;
     assert_eq!(second.read(&digest(&blob)).await, blob);
     let cached = second
-        .action_cache()
-        .get_action_result(GetActionResultRequest {
-            action_digest: Some(action),
-            ..Default::default()
-        })
+        .get_action_result(&action)
         .await
-        .expect("GetActionResult after restart")
-        .into_inner();
+        .expect("GetActionResult after restart");
     assert_eq!(cached, result);
 }
 
@@ -549,43 +442,18 @@ async fn cas_dir_keeps_blobs_and_results_across_restarts() {
 async fn listens_on_a_unix_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("serve.sock");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
-        .args(["serve", "--listen", &format!("unix://{}", socket.display())])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout"));
-    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
-        .await
-        .expect("first line");
-    assert_eq!(
-        line.trim(),
-        format!("listening on unix://{}", socket.display())
-    );
+    let listen = format!("unix://{}", socket.display());
+    let server = Server::start(&["--listen", &listen]).await;
+    assert_eq!(server.address, listen);
 
-    let path = socket.clone();
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .expect("connect over the unix socket");
-    let caps = bazel_remote_apis::build::bazel::remote::execution::v2::capabilities_client::CapabilitiesClient::new(channel)
+    let caps = server
+        .capabilities()
         .get_capabilities(GetCapabilitiesRequest::default())
         .await
         .expect("GetCapabilities over the unix socket")
         .into_inner();
     assert!(caps.execution_capabilities.expect("exec").exec_enabled);
 
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id().expect("pid") as i32, libc::SIGTERM) };
-    assert!(child.wait().await.expect("wait").success());
+    assert!(server.terminate().await.success());
     assert!(!socket.exists(), "the socket file is removed at exit");
 }

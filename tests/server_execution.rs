@@ -5,14 +5,14 @@
 mod support_server;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    Action, Directory, ExecuteRequest, FileNode, GetActionResultRequest, Tree, WaitExecutionRequest,
+    Digest, Directory, ExecuteRequest, ExecuteResponse, FileNode, Tree, WaitExecutionRequest,
 };
-use bazel_remote_apis::google::longrunning::CancelOperationRequest;
+use bazel_remote_apis::google::longrunning::{CancelOperationRequest, Operation};
 use bazel_remote_apis::google::protobuf::Timestamp;
 use futures::StreamExt;
 use prost::Message;
-use support_server::{ActionSpec, Server, digest, refused_start, response_of, stage_of};
-use tonic::Code;
+use support_server::{ActionSpec, Server, digest, refused_start, stage_of};
+use tonic::{Code, Streaming};
 use tonic_types::StatusExt;
 
 const QUEUED: i32 = 2;
@@ -109,18 +109,8 @@ async fn runs_an_action_and_serves_the_cached_result_next_time() {
     );
 }
 
-async fn cached(
-    server: &Server,
-    action: &bazel_remote_apis::build::bazel::remote::execution::v2::Digest,
-) -> bool {
-    match server
-        .action_cache()
-        .get_action_result(GetActionResultRequest {
-            action_digest: Some(action.clone()),
-            ..Default::default()
-        })
-        .await
-    {
+async fn cached(server: &Server, action: &Digest) -> bool {
+    match server.get_action_result(action).await {
         Ok(_) => true,
         Err(status) if status.code() == Code::NotFound => false,
         Err(status) => panic!("GetActionResult: {status}"),
@@ -130,24 +120,22 @@ async fn cached(
 #[tokio::test]
 async fn caches_only_successful_cacheable_results() {
     let server = Server::start(&[]).await;
-    let failing = server
-        .upload_action(&ActionSpec {
+    let (failing, response) = server
+        .upload_and_execute(&ActionSpec {
             args: &["/bin/sh", "-c", "exit 3"],
             ..Default::default()
         })
         .await;
-    let (_, response) = server.execute(&failing, false).await;
     assert_eq!(response.result.expect("result").exit_code, 3);
     assert!(!cached(&server, &failing).await);
 
-    let uncacheable = server
-        .upload_action(&ActionSpec {
+    let (uncacheable, response) = server
+        .upload_and_execute(&ActionSpec {
             args: &["/bin/true"],
             do_not_cache: true,
             ..Default::default()
         })
         .await;
-    let (_, response) = server.execute(&uncacheable, false).await;
     assert_eq!(response.result.expect("result").exit_code, 0);
     assert!(!cached(&server, &uncacheable).await);
 
@@ -164,13 +152,12 @@ async fn caches_only_successful_cacheable_results() {
 #[tokio::test]
 async fn a_missing_program_exits_127() {
     let server = Server::start(&[]).await;
-    let action = server
-        .upload_action(&ActionSpec {
+    let (_, response) = server
+        .upload_and_execute(&ActionSpec {
             args: &["no-such-program-here"],
             ..Default::default()
         })
         .await;
-    let (_, response) = server.execute(&action, false).await;
     let result = response.result.expect("result");
     assert_eq!(result.exit_code, 127);
     assert!(
@@ -184,8 +171,8 @@ async fn a_missing_program_exits_127() {
 #[tokio::test]
 async fn collects_output_directories_in_the_working_directory() {
     let server = Server::start(&[]).await;
-    let action = server
-        .upload_action(&ActionSpec {
+    let (_, response) = server
+        .upload_and_execute(&ActionSpec {
             args: &["/bin/sh", "-c", "mkdir -p gen/sub && echo x > gen/sub/f && ln -s sub/f gen/link && echo y > ../top.txt"],
             inputs: &[("work/keep", b"", false)],
             outputs: &["gen", "../top.txt", "never-made"],
@@ -193,7 +180,6 @@ async fn collects_output_directories_in_the_working_directory() {
             ..Default::default()
         })
         .await;
-    let (_, response) = server.execute(&action, false).await;
     let result = response.result.expect("result");
     assert_eq!(result.exit_code, 0);
     assert_eq!(result.output_files.len(), 1);
@@ -231,14 +217,13 @@ async fn collects_output_directories_in_the_working_directory() {
 #[tokio::test]
 async fn kills_an_action_at_its_timeout() {
     let server = Server::start(&[]).await;
-    let action = server
-        .upload_action(&ActionSpec {
+    let (action, response) = server
+        .upload_and_execute(&ActionSpec {
             args: &["/bin/sh", "-c", "echo started; sleep 60"],
             timeout_secs: Some(1),
             ..Default::default()
         })
         .await;
-    let (_, response) = server.execute(&action, false).await;
     assert_eq!(
         response.status.expect("status").code,
         Code::DeadlineExceeded as i32
@@ -251,21 +236,7 @@ async fn kills_an_action_at_its_timeout() {
 #[tokio::test]
 async fn wait_execution_reattaches_and_cancel_operation_stops_an_action() {
     let server = Server::start(&[]).await;
-    let action = server
-        .upload_action(&ActionSpec {
-            args: &["/bin/sleep", "60"],
-            ..Default::default()
-        })
-        .await;
-    let mut stream = server
-        .execution()
-        .execute(ExecuteRequest {
-            action_digest: Some(action.clone()),
-            ..Default::default()
-        })
-        .await
-        .expect("Execute")
-        .into_inner();
+    let mut stream = start_sleeping(&server).await;
     let first = stream.next().await.expect("an operation").expect("ok");
     drop(stream);
     assert!(!first.done);
@@ -277,18 +248,7 @@ async fn wait_execution_reattaches_and_cancel_operation_stops_an_action() {
         })
         .await
         .expect("CancelOperation");
-    let waited: Vec<_> = server
-        .execution()
-        .wait_execution(WaitExecutionRequest {
-            name: first.name.clone(),
-        })
-        .await
-        .expect("WaitExecution")
-        .into_inner()
-        .map(|op| op.expect("operation"))
-        .collect()
-        .await;
-    let response = response_of(waited.last().expect("final operation"));
+    let (_, response) = server.wait_execution(&first.name).await;
     assert_eq!(
         response.status.expect("status").code,
         Code::Cancelled as i32
@@ -302,6 +262,17 @@ async fn wait_execution_reattaches_and_cancel_operation_stops_an_action() {
         .await
         .expect_err("unknown operation");
     assert_eq!(unknown.code(), Code::NotFound);
+}
+
+/// Uploads an action that sleeps for a minute and starts executing it; returns the Execute stream.
+async fn start_sleeping(server: &Server) -> Streaming<Operation> {
+    let action = server
+        .upload_action(&ActionSpec {
+            args: &["/bin/sleep", "60"],
+            ..Default::default()
+        })
+        .await;
+    server.execute_stream(&action, false).await
 }
 
 /// Runs two one-second actions at once; returns whether their executions overlapped.
@@ -321,7 +292,7 @@ async fn overlapped(workers: &str) -> bool {
         })
         .await;
     let ((_, ra), (_, rb)) = tokio::join!(server.execute(&a, false), server.execute(&b, false));
-    let window = |r: bazel_remote_apis::build::bazel::remote::execution::v2::ExecuteResponse| {
+    let window = |r: ExecuteResponse| {
         let m = r
             .result
             .and_then(|r| r.execution_metadata)
@@ -350,10 +321,11 @@ async fn workers_bound_how_many_actions_run_at_once() {
 #[tokio::test]
 async fn refuses_hostile_trees_and_paths() {
     let server = Server::start(&[]).await;
-    let status_of =
-        |response: bazel_remote_apis::build::bazel::remote::execution::v2::ExecuteResponse| {
-            response.status.map(|s| s.code).unwrap_or_default()
-        };
+    let status_of = |response: ExecuteResponse| response.status.map(|s| s.code).unwrap_or_default();
+    let true_spec = ActionSpec {
+        args: &["/bin/true"],
+        ..Default::default()
+    };
     for bad in ["..", ".", "", "a/b"] {
         let blob = b"payload".to_vec();
         let root = Directory {
@@ -365,17 +337,7 @@ async fn refuses_hostile_trees_and_paths() {
             ..Default::default()
         }
         .encode_to_vec();
-        let command = bazel_remote_apis::build::bazel::remote::execution::v2::Command {
-            arguments: vec!["/bin/true".into()],
-            ..Default::default()
-        }
-        .encode_to_vec();
-        let action = Action {
-            command_digest: Some(digest(&command)),
-            input_root_digest: Some(digest(&root)),
-            ..Default::default()
-        }
-        .encode_to_vec();
+        let (command, action) = true_spec.encode(digest(&root));
         server.upload(&[blob, root, command, action.clone()]).await;
         let (_, response) = server.execute(&digest(&action), false).await;
         assert_eq!(
@@ -385,14 +347,13 @@ async fn refuses_hostile_trees_and_paths() {
         );
     }
     for bad in ["../../escape", "/abs/path", ""] {
-        let action = server
-            .upload_action(&ActionSpec {
+        let (_, response) = server
+            .upload_and_execute(&ActionSpec {
                 args: &["/bin/true"],
                 outputs: &[bad],
                 ..Default::default()
             })
             .await;
-        let (_, response) = server.execute(&action, false).await;
         assert_eq!(
             status_of(response),
             Code::InvalidArgument as i32,
@@ -420,17 +381,7 @@ async fn refuses_hostile_trees_and_paths() {
 
     // A missing input blob is reported as a precondition failure naming it.
     let (root, _) = support_server::tree(&[("f", b"never uploaded", false)]);
-    let command = bazel_remote_apis::build::bazel::remote::execution::v2::Command {
-        arguments: vec!["/bin/true".into()],
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let action = Action {
-        command_digest: Some(digest(&command)),
-        input_root_digest: Some(root),
-        ..Default::default()
-    }
-    .encode_to_vec();
+    let (command, action) = true_spec.encode(root);
     server.upload(&[command, action.clone()]).await;
     let (_, response) = server.execute(&digest(&action), false).await;
     assert_eq!(status_of(response), Code::FailedPrecondition as i32);
@@ -463,16 +414,14 @@ async fn hide_makes_a_directory_invisible_to_actions() {
     };
 
     let open = Server::start(&[]).await;
-    let action = open.upload_action(&spec).await;
-    let (_, response) = open.execute(&action, false).await;
+    let (_, response) = open.upload_and_execute(&spec).await;
     assert_eq!(
         open.stdout_of(&response.result.expect("result")).await,
         "visible"
     );
 
     let hidden = Server::start(&["--hide", client_dir.path().to_str().expect("utf-8")]).await;
-    let action = hidden.upload_action(&spec).await;
-    let (_, response) = hidden.execute(&action, false).await;
+    let (_, response) = hidden.upload_and_execute(&spec).await;
     assert_ne!(
         response.result.expect("result").exit_code,
         0,
@@ -502,21 +451,7 @@ async fn hide_makes_a_directory_invisible_to_actions() {
 #[tokio::test]
 async fn sigterm_cancels_running_actions_and_exits_zero() {
     let server = Server::start(&[]).await;
-    let action = server
-        .upload_action(&ActionSpec {
-            args: &["/bin/sleep", "60"],
-            ..Default::default()
-        })
-        .await;
-    let mut stream = server
-        .execution()
-        .execute(ExecuteRequest {
-            action_digest: Some(action),
-            ..Default::default()
-        })
-        .await
-        .expect("Execute")
-        .into_inner();
+    let mut stream = start_sleeping(&server).await;
     // Wait until the action runs, then stop the server.
     while let Some(op) = stream.next().await {
         if stage_of(&op.expect("operation")) == EXECUTING {

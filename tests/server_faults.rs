@@ -4,13 +4,11 @@
 mod support_server;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    BatchReadBlobsRequest, ExecuteRequest, FindMissingBlobsRequest, GetCapabilitiesRequest,
-    WaitExecutionRequest,
+    BatchReadBlobsRequest, FindMissingBlobsRequest, GetCapabilitiesRequest,
 };
-use bazel_remote_apis::google::bytestream::{ReadRequest, WriteRequest};
 use futures::StreamExt;
 use std::time::{Duration, Instant};
-use support_server::{ActionSpec, Server, digest, refused_start, response_of};
+use support_server::{ActionSpec, Server, digest, refused_start, write_request};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -42,16 +40,8 @@ async fn fault_fail_fails_the_first_calls_of_the_named_rpc() {
 
     let data = b"written".to_vec();
     let d = digest(&data);
-    let write = || {
-        let mut bytestream = server.bytestream();
-        let request = WriteRequest {
-            resource_name: format!("uploads/u/blobs/{}/{}", d.hash, d.size_bytes),
-            write_offset: 0,
-            finish_write: true,
-            data: data.clone(),
-        };
-        async move { bytestream.write(futures::stream::iter(vec![request])).await }
-    };
+    let name = format!("uploads/u/blobs/{}/{}", d.hash, d.size_bytes);
+    let write = || server.bytestream_write(vec![write_request(&name, 0, &data, true)]);
     let status = write().await.expect_err("injected failure");
     assert_eq!(status.code(), Code::PermissionDenied);
     assert!(status.get_details_retry_info().is_none());
@@ -80,15 +70,7 @@ async fn fault_drop_execute_stream_forces_wait_execution() {
             ..Default::default()
         })
         .await;
-    let mut stream = server
-        .execution()
-        .execute(ExecuteRequest {
-            action_digest: Some(action.clone()),
-            ..Default::default()
-        })
-        .await
-        .expect("Execute")
-        .into_inner();
+    let mut stream = server.execute_stream(&action, false).await;
     let accepted = stream
         .next()
         .await
@@ -102,18 +84,7 @@ async fn fault_drop_execute_stream_forces_wait_execution() {
         .expect_err("the stream breaks");
     assert_eq!(broken.code(), Code::Unavailable);
 
-    let waited: Vec<_> = server
-        .execution()
-        .wait_execution(WaitExecutionRequest {
-            name: accepted.name,
-        })
-        .await
-        .expect("WaitExecution")
-        .into_inner()
-        .map(|op| op.expect("operation"))
-        .collect()
-        .await;
-    let response = response_of(waited.last().expect("final operation"));
+    let (_, response) = server.wait_execution(&accepted.name).await;
     assert_eq!(
         server.stdout_of(&response.result.expect("result")).await,
         "done\n"
@@ -167,25 +138,11 @@ async fn fault_corrupt_reads_corrupts_the_first_reads() {
             .data
         }
     };
-    let stream = || {
-        let mut bytestream = server.bytestream();
-        let resource_name = format!("blobs/{}/{}", d.hash, d.size_bytes);
-        async move {
-            let chunks: Vec<_> = bytestream
-                .read(ReadRequest {
-                    resource_name,
-                    ..Default::default()
-                })
-                .await
-                .expect("Read")
-                .into_inner()
-                .collect()
-                .await;
-            chunks
-                .into_iter()
-                .flat_map(|c| c.expect("chunk").data)
-                .collect::<Vec<u8>>()
-        }
+    let stream = || async {
+        server
+            .bytestream_read(format!("blobs/{}/{}", d.hash, d.size_bytes), 0, 0)
+            .await
+            .expect("Read")
     };
     let first = batch().await;
     assert_eq!(first.len(), blob.len());

@@ -4,30 +4,11 @@
 //! file it fetches. The test fails, never skips, when BuildGrid cannot be installed.
 
 mod support_server;
+mod tools;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use support_server::{Server, digest};
 use tokio::process::Command;
-
-/// Installs BuildGrid if needed and returns the path of `bgd`.
-async fn bgd() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/buildgrid.sh");
-    let output = Command::new(&script)
-        .output()
-        .await
-        .expect("run scripts/buildgrid.sh");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "scripts/buildgrid.sh failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("BGD="))
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("no BGD= line in {stdout:?}"))
-}
 
 /// Runs `bgd --remote URL <args>` in `dir`; returns stdout and stderr, asserting success.
 async fn run(bgd: &Path, dir: &Path, group: &str, url: &str, args: &[&str]) -> String {
@@ -53,12 +34,12 @@ async fn run(bgd: &Path, dir: &Path, group: &str, url: &str, args: &[&str]) -> S
 
 #[tokio::test]
 async fn buildgrid_bgd_talks_to_serve() {
-    let bgd = bgd().await;
+    let bgd = tools::bgd();
     let server = Server::start(&[]).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let dir = dir.path();
 
-    let capabilities = run(&bgd, dir, "capabilities", &server.url, &[]).await;
+    let capabilities = run(bgd, dir, "capabilities", &server.http_url(), &[]).await;
     assert!(capabilities.contains("\"SHA256\""), "{capabilities}");
     assert!(
         capabilities.contains("\"execEnabled\": true"),
@@ -69,10 +50,10 @@ async fn buildgrid_bgd_talks_to_serve() {
     std::fs::write(dir.join("up.txt"), contents).expect("write");
     let d = digest(contents);
     let uploaded = run(
-        &bgd,
+        bgd,
         dir,
         "cas",
-        &server.url,
+        &server.http_url(),
         &["upload-file", "--verify", "up.txt"],
     )
     .await;
@@ -84,10 +65,10 @@ async fn buildgrid_bgd_talks_to_serve() {
     );
     let wanted = format!("{}/{}", d.hash, d.size_bytes);
     run(
-        &bgd,
+        bgd,
         dir,
         "cas",
-        &server.url,
+        &server.http_url(),
         &["download-file", "--verify", &wanted, "down.txt"],
     )
     .await;
@@ -101,10 +82,10 @@ async fn buildgrid_bgd_talks_to_serve() {
     // `--` keeps bgd from reading the command's own `-c` as one of its options.
     let script = "tr a-z A-Z < in.txt > out.txt";
     run(
-        &bgd,
+        bgd,
         dir,
         "execute",
-        &server.url,
+        &server.http_url(),
         &[
             "command",
             "--output-file",

@@ -9,14 +9,15 @@
 
 use std::fs::{self, File};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use dtlto_reapi::reapi::{Client, ConnectionOptions, ServerCapabilities};
 use tempfile::TempDir;
+
+use crate::common::tools;
 
 /// The configuration template; see its comments.
 const CONFIG: &str = include_str!("cache.yml");
@@ -129,7 +130,7 @@ fn spawn(dir: &Path, config: &Path) -> Child {
     let log_err = log
         .try_clone()
         .unwrap_or_else(|e| panic!("cannot share {}: {e}", log_path.display()));
-    let mut cmd = Command::new(bgd());
+    let mut cmd = Command::new(tools::bgd());
     // `-vv` logs at INFO: each request, and each ByteStream transfer and action-cache update
     // that completed, which the tests read as the server's own account of what it received.
     cmd.args(["server", "start", "-vv", "--pid-file"])
@@ -176,31 +177,4 @@ fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .map(|address| address.port())
         .unwrap_or_else(|e| panic!("cannot find a free port on 127.0.0.1: {e}"))
-}
-
-/// `bgd`, installed once per test process by `scripts/buildgrid.sh`; panics with its stderr when
-/// the install fails.
-fn bgd() -> &'static Path {
-    static BGD: OnceLock<PathBuf> = OnceLock::new();
-    BGD.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/buildgrid.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{} failed ({}):\n{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-            .lines()
-            .find_map(|line| line.strip_prefix("BGD="))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("{} printed no BGD= line:\n{stdout}", script.display()))
-    })
 }

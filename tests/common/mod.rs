@@ -1,75 +1,35 @@
 //! Shared support for the integration tests: a real clang/lld (found or installed by
-//! `scripts/toolchain.sh`), a builder that writes C sources into a temporary project, compiles them
-//! with `-flto=thin`, archives some, links through the built `dtlto-reapi` binary and runs the
-//! program, and a handle on a `dtlto-reapi serve` test server for remote tests.
+//! `scripts/toolchain.sh`, see `tools`), a builder that writes C sources into a temporary project, compiles them
+//! with `-flto=thin`, archives some, links through the built `dtlto-reapi` binary (reading its
+//! `--stats-json` and native objects back) and runs the program, the generated programs the tests
+//! link, and a handle on a `dtlto-reapi serve` test server for remote tests.
 //!
 //! Every test links real programs, so a missing toolchain is a test failure, never a skip.
 //! Each integration test crate uses its own subset of these helpers, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
+use std::fmt;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{OnceLock, mpsc};
+use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
-
+use std::time::{Duration, Instant};
 use tempfile::TempDir;
+
+#[path = "../serve_process/mod.rs"]
+mod serve_process;
+#[path = "../tools/mod.rs"]
+pub mod tools;
+
+pub use tools::toolchain;
 
 /// Target triple for every compile and link: the toolchain may default to musl (ziglang), and the
 /// programs must link against the system's glibc.
 pub const TARGET: &str = "--target=x86_64-linux-gnu";
-
-/// The clang, lld and archiver the tests use, as printed by `scripts/toolchain.sh`.
-#[derive(Debug)]
-pub struct Toolchain {
-    /// Directory holding the wrappers.
-    pub bin: PathBuf,
-    pub clang: PathBuf,
-    pub lld: PathBuf,
-    pub ar: PathBuf,
-}
-
-/// The toolchain, located (and installed if needed) once per test process.
-///
-/// Panics with the script's stderr when it fails.
-pub fn toolchain() -> &'static Toolchain {
-    static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
-    TOOLCHAIN.get_or_init(locate_toolchain)
-}
-
-fn locate_toolchain() -> Toolchain {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/toolchain.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{} failed ({}); a DTLTO-capable clang/lld is required for these tests:\n{stderr}",
-        script.display(),
-        out.status
-    );
-    let vars: HashMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once('=')).collect();
-    let get = |name: &str| {
-        let value = vars
-            .get(name)
-            .unwrap_or_else(|| panic!("{} printed no {name}= line:\n{stdout}", script.display()));
-        PathBuf::from(value)
-    };
-    Toolchain {
-        bin: get("BIN"),
-        clang: get("CLANG"),
-        lld: get("LLD"),
-        ar: get("AR"),
-    }
-}
 
 /// The `dtlto-reapi` binary that Cargo built for this test run.
 pub fn distributor() -> &'static Path {
@@ -146,6 +106,30 @@ impl Project {
         &self.inputs
     }
 
+    /// The link inputs as absolute paths, for linking them from another directory.
+    pub fn absolute_inputs(&self) -> Vec<PathBuf> {
+        self.inputs
+            .iter()
+            .map(|input| self.dir.join(input))
+            .collect()
+    }
+
+    /// Another checkout of this project: a fresh temporary directory holding a copy (`cp -a`) of
+    /// the working directory, with the same link inputs.
+    pub fn copy_elsewhere(&self) -> Project {
+        let copy = Project {
+            inputs: self.inputs.clone(),
+            ..Project::new()
+        };
+        run_ok(
+            Command::new("cp")
+                .arg("-a")
+                .arg(self.dir.join("."))
+                .arg(&copy.dir),
+        );
+        copy
+    }
+
     /// Writes `code` to `source`, compiles it and adds the object to the link.
     pub fn add_source(&mut self, source: &str, code: &str) -> &mut Self {
         let object = self.compile(source, code);
@@ -214,6 +198,7 @@ impl Project {
             distributor_args: Vec::new(),
             linker_args: Vec::new(),
             inputs: None,
+            stats_json: false,
         }
     }
 }
@@ -226,6 +211,8 @@ pub struct Link<'p> {
     linker_args: Vec<OsString>,
     /// Replaces the project's inputs (e.g. the same objects named by absolute paths).
     inputs: Option<Vec<PathBuf>>,
+    /// Whether the distributor writes `--stats-json` beside the output.
+    stats_json: bool,
 }
 
 impl Link<'_> {
@@ -239,6 +226,24 @@ impl Link<'_> {
     /// commas, as it would for a user).
     pub fn distributor_arg(mut self, arg: impl AsRef<OsStr>) -> Self {
         self.distributor_args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// Each of `args` with [`Link::distributor_arg`].
+    pub fn distributor_args<S: AsRef<OsStr>>(self, args: impl IntoIterator<Item = S>) -> Self {
+        args.into_iter()
+            .fold(self, |link, arg| link.distributor_arg(arg))
+    }
+
+    /// Runs the backend compiles through the REAPI server at `url` (`--remote=URL`).
+    pub fn remote(self, url: &str) -> Self {
+        self.distributor_arg(format!("--remote={url}"))
+    }
+
+    /// Has the distributor write its `--stats-json` to `<output>.stats.json`, for
+    /// [`Linked::stats`].
+    pub fn stats_json(mut self) -> Self {
+        self.stats_json = true;
         self
     }
 
@@ -271,6 +276,12 @@ impl Link<'_> {
         let mut ld_flag = OsString::from("-fuse-ld=");
         ld_flag.push(&tools.lld);
 
+        let output = dir.join(&self.output);
+        let stats_path = self.stats_json.then(|| {
+            let mut path = output.clone().into_os_string();
+            path.push(".stats.json");
+            PathBuf::from(path)
+        });
         let mut cmd = Command::new(&tools.clang);
         cmd.current_dir(dir)
             .args([TARGET, "-O2", "-flto=thin"])
@@ -281,6 +292,11 @@ impl Link<'_> {
             .arg(dist_flag)
             .arg("-Xlinker")
             .arg(compiler_flag);
+        if let Some(path) = &stats_path {
+            let mut flag = OsString::from("-Xthinlto-distributor=--stats-json=");
+            flag.push(path);
+            cmd.arg(flag);
+        }
         for arg in &self.distributor_args {
             let mut flag = OsString::from("-Xthinlto-distributor=");
             flag.push(arg);
@@ -295,7 +311,8 @@ impl Link<'_> {
             status: out.status,
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            output: dir.join(&self.output),
+            output,
+            stats_path,
         }
     }
 }
@@ -310,6 +327,8 @@ pub struct Linked {
     pub stderr: String,
     /// Absolute path of the linked program.
     pub output: PathBuf,
+    /// Where [`Link::stats_json`] had the distributor write its statistics.
+    stats_path: Option<PathBuf>,
 }
 
 impl Linked {
@@ -350,6 +369,49 @@ impl Linked {
         self.files_in_output_dir(|name| name.ends_with(".native.o"))
     }
 
+    /// The contents of the native objects, sorted (their names carry lld's PID, so only the
+    /// contents compare across links); needs [`Link::save_temps`].
+    pub fn native_object_contents(&self) -> Vec<Vec<u8>> {
+        let mut contents: Vec<Vec<u8>> = self
+            .native_objects()
+            .iter()
+            .map(|path| fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+            .collect();
+        contents.sort();
+        contents
+    }
+
+    /// Panics with the link's stderr unless it contains `text`.
+    pub fn assert_stderr_contains(&self, text: &str) -> &Self {
+        assert!(
+            self.stderr.contains(text),
+            "{text:?} is not in the link's stderr:\n{}",
+            self.stderr
+        );
+        self
+    }
+
+    /// The distributor's statistics; needs [`Link::stats_json`]. Panics (with the link's stderr)
+    /// when the distributor wrote none.
+    pub fn stats(&self) -> Stats {
+        self.written_stats().unwrap_or_else(|| {
+            panic!(
+                "the link wrote no --stats-json\n--- stderr ---\n{}",
+                self.stderr
+            )
+        })
+    }
+
+    /// The distributor's statistics, or `None` when it did not get far enough to write them;
+    /// needs [`Link::stats_json`].
+    pub fn written_stats(&self) -> Option<Stats> {
+        let path = self
+            .stats_path
+            .as_ref()
+            .expect("the link was run without stats_json()");
+        path.exists().then(|| Stats::read(path))
+    }
+
     /// The job file lld wrote (`<output>.<PID>.dist-file.json`); needs [`Link::save_temps`].
     pub fn job_file(&self) -> PathBuf {
         let files = self.files_in_output_dir(|name| name.ends_with(".dist-file.json"));
@@ -382,6 +444,68 @@ impl Linked {
         files.sort();
         files
     }
+}
+
+/// A `--stats-json` file: a record per job (where it `ran`, its `action` digest, ...) and the
+/// client's `transfers` counters. Displays as the JSON, for assertion messages.
+#[derive(Debug)]
+pub struct Stats(serde_json::Value);
+
+impl Stats {
+    /// Reads and parses the file, panicking with the path on failure.
+    pub fn read(path: &Path) -> Stats {
+        Stats(read_json(path))
+    }
+
+    /// The job records.
+    pub fn jobs(&self) -> &[serde_json::Value] {
+        self.0["jobs"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no jobs array in {self}"))
+    }
+
+    /// How many jobs ran where (`remote`, `action-cache`, `local`).
+    pub fn ran(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for job in self.jobs() {
+            let place = job["ran"].as_str().unwrap_or("?").to_owned();
+            *counts.entry(place).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// The jobs' Action digests, sorted (stable across links of the same objects).
+    pub fn actions(&self) -> Vec<&str> {
+        let mut actions: Vec<&str> = self
+            .jobs()
+            .iter()
+            .map(|job| {
+                job["action"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no action in {job}"))
+            })
+            .collect();
+        actions.sort_unstable();
+        actions
+    }
+
+    /// A counter of `transfers` (`bytes_uploaded`, `rpc_retries`, ...).
+    pub fn transfers(&self, counter: &str) -> u64 {
+        self.0["transfers"][counter]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no transfers.{counter} in {self}"))
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What [`Stats::ran`] says when all `jobs` jobs ran in `place`.
+pub fn ran_only(place: &str, jobs: usize) -> BTreeMap<String, usize> {
+    BTreeMap::from([(place.to_owned(), jobs)])
 }
 
 /// A generated program of `n` modules where module `i` calls module `i + 1` (so ThinLTO imports
@@ -433,8 +557,58 @@ pub fn chain(n: usize) -> Chain {
     }
 }
 
+/// A project of the [`chain`] program of `n` modules; returns it and what the program prints.
+pub fn chain_project(n: usize) -> (Project, String) {
+    let Chain {
+        sources,
+        expected_output,
+    } = chain(n);
+    let mut project = Project::new();
+    project.add_sources(sources);
+    (project, expected_output)
+}
+
+/// The [`chain`] program of `modules` modules, the last one in a static archive, with spaces and
+/// parentheses in the names (sources in `src (1)/`, the archive `lib dir/libchain (x).a`); returns
+/// the project and what the program prints.
+pub fn chain_with_archive(modules: usize) -> (Project, String) {
+    let Chain {
+        mut sources,
+        expected_output,
+    } = chain(modules);
+    let archived = sources.remove(modules - 1);
+    let mut project = Project::new();
+    project
+        .add_sources(sources.iter().map(|(n, c)| (format!("src (1)/{n}"), c)))
+        .add_archive("lib dir/libchain (x).a", [archived]);
+    (project, expected_output)
+}
+
+/// A program whose `big.c` holds a 12 MiB string of pseudo-random letters (bitcode stores them in
+/// 6 bits each, so its bitcode is still bigger than 8 MiB, and its native object holds all of it)
+/// and whose `main.c` prints the letter at `index`. Returns the project and what the program prints.
+pub fn big_program(index: usize) -> (Project, String) {
+    let big: String = (0..12 << 20)
+        .map(|i: u32| char::from(b'a' + ((i.wrapping_mul(2654435761) >> 7) % 26) as u8))
+        .collect();
+    let mut project = Project::new();
+    project.add_sources([
+        (
+            "big.c",
+            format!("const char big[] = \"{big}\";\nint pick(int i) {{ return big[i]; }}\n"),
+        ),
+        (
+            "main.c",
+            format!(
+                "#include <stdio.h>\nint pick(int);\nint main(void) {{ printf(\"%c\\n\", pick({index})); return 0; }}\n"
+            ),
+        ),
+    ]);
+    (project, format!("{}\n", char::from(big.as_bytes()[index])))
+}
+
 /// Reads and parses a JSON file, panicking with the path on failure.
-pub fn read_json(path: &Path) -> serde_json::Value {
+fn read_json(path: &Path) -> serde_json::Value {
     let text =
         fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text)
@@ -460,8 +634,8 @@ fn create_dir(dir: &Path) {
 /// A `dtlto-reapi serve` test server (by default on 127.0.0.1, port 0), stopped when dropped.
 ///
 /// [`Server::start`] runs `dtlto-reapi serve <args>` (e.g. `["--hide", dir]` so that actions cannot
-/// see the client's files), waits for its first stdout line, `listening on grpc://HOST:PORT` (or
-/// `unix:///PATH` with `--listen unix:///PATH`), and keeps that address for [`Server::url`].
+/// see the client's files), waits for its first stdout line, `listening on ADDRESS` (`grpc://HOST:PORT`,
+/// or `unix://PATH` with `--listen unix://PATH`), and keeps that address for [`Server::url`].
 /// Everything the server prints afterwards is forwarded to the test's captured stderr, prefixed
 /// with `serve:`. Dropping it sends SIGTERM so the server removes its temporary directories, and
 /// SIGKILL if it has not exited after [`Server::STOP_GRACE`].
@@ -471,8 +645,6 @@ pub struct Server {
 }
 
 impl Server {
-    /// How long the server may take to print its address.
-    pub const STARTUP: Duration = Duration::from_secs(30);
     /// How long the server may take to exit after SIGTERM (it gives running RPCs 5 s).
     pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -481,12 +653,8 @@ impl Server {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = Command::new(distributor());
-        cmd.arg("serve")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = serve_process::command(args);
+        cmd.stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
@@ -498,22 +666,19 @@ impl Server {
             child,
             url: String::new(),
         };
-        let line = first_line.recv_timeout(Self::STARTUP).unwrap_or_else(|_| {
-            panic!(
-                "{cmd:?} exited or printed nothing within {:?}",
-                Self::STARTUP
-            )
-        });
-        match line.trim().strip_prefix("listening on ") {
-            Some(url) if url.starts_with("grpc://") || url.starts_with("unix://") => {
-                server.url = url.to_owned()
-            }
-            _ => panic!("{cmd:?} printed {line:?} instead of `listening on grpc://HOST:PORT`"),
-        }
+        let line = first_line
+            .recv_timeout(serve_process::STARTUP)
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{cmd:?} exited or printed nothing within {:?}",
+                    serve_process::STARTUP
+                )
+            });
+        server.url = serve_process::address(&cmd, &line);
         server
     }
 
-    /// The address the server printed, e.g. `grpc://127.0.0.1:40123`.
+    /// `grpc://HOST:PORT` (or `unix://PATH` with `--listen unix://PATH`), as the server printed it.
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -526,8 +691,8 @@ impl Drop for Server {
             // SAFETY: kill(2) on our own child, which has not been reaped (try_wait/wait below
             // reap it only after this).
             unsafe { libc::kill(pid, libc::SIGTERM) };
-            let deadline = std::time::Instant::now() + Self::STOP_GRACE;
-            while std::time::Instant::now() < deadline {
+            let deadline = Instant::now() + Self::STOP_GRACE;
+            while Instant::now() < deadline {
                 if !matches!(self.child.try_wait(), Ok(None)) {
                     return;
                 }

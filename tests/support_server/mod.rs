@@ -1,50 +1,57 @@
-//! Shared helpers for the `server_*` tests: start the real `dtlto-reapi serve` binary as its own
-//! process, find its port from the first stdout line, talk to it over real gRPC, and build and
-//! upload the trees, Commands and Actions the tests execute.
+//! Shared helpers for the `server_*` and `reapi_client` tests: start the real `dtlto-reapi serve`
+//! binary as its own process, find its address from the first stdout line, talk to it over real
+//! gRPC (TCP or a unix socket), make the calls many tests make, and build and upload the trees,
+//! Commands and Actions the tests execute.
 
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    Action, ActionResult, BatchUpdateBlobsRequest, Command, Digest, Directory, DirectoryNode,
-    ExecuteRequest, ExecuteResponse, FileNode, action_cache_client::ActionCacheClient,
-    batch_update_blobs_request, capabilities_client::CapabilitiesClient, command,
+    Action, ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, Command, Digest,
+    Directory, DirectoryNode, ExecuteOperationMetadata, ExecuteRequest, ExecuteResponse, FileNode,
+    FindMissingBlobsRequest, GetActionResultRequest, UpdateActionResultRequest,
+    WaitExecutionRequest, action_cache_client::ActionCacheClient, batch_update_blobs_request,
+    capabilities_client::CapabilitiesClient, command,
     content_addressable_storage_client::ContentAddressableStorageClient,
     execution_client::ExecutionClient,
 };
-use bazel_remote_apis::google::bytestream::byte_stream_client::ByteStreamClient;
+use bazel_remote_apis::google::bytestream::{
+    QueryWriteStatusRequest, QueryWriteStatusResponse, ReadRequest, WriteRequest,
+    byte_stream_client::ByteStreamClient,
+};
 use bazel_remote_apis::google::longrunning::{
     Operation, operation, operations_client::OperationsClient,
 };
 use bazel_remote_apis::google::protobuf::Duration;
 use futures::StreamExt;
+use hyper_util::rt::TokioIo;
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::UnixStream;
 use tokio::process::{Child, ChildStdout, Command as Process};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Response, Status, Streaming};
+
+#[path = "../serve_process/mod.rs"]
+mod serve_process;
 
 /// A running `dtlto-reapi serve`, sent SIGTERM when dropped so that it cleans up after itself.
 pub struct Server {
     child: Child,
-    /// `http://127.0.0.1:PORT`, for third-party clients.
-    pub url: String,
+    /// Where the server listens, as it printed it: `grpc://127.0.0.1:PORT` or `unix://PATH`.
+    pub address: String,
     pub channel: Channel,
     // Kept open so the server never writes to a closed pipe.
     _stdout: BufReader<ChildStdout>,
 }
 
 fn serve(args: &[&str]) -> Process {
-    let mut process = Process::new(env!("CARGO_BIN_EXE_dtlto-reapi"));
-    process
-        .arg("serve")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    process
+    Process::from(serve_process::command(args))
 }
 
 fn sigterm(child: &Child) {
@@ -54,32 +61,59 @@ fn sigterm(child: &Child) {
     }
 }
 
-impl Server {
-    /// Starts the server on a free loopback port with extra `args`.
-    pub async fn start(args: &[&str]) -> Self {
-        let mut child = serve(args).spawn().expect("spawn dtlto-reapi serve");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .await
-            .expect("read the first line");
-        let address = line
-            .trim()
-            .strip_prefix("listening on grpc://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        let url = format!("http://{address}");
-        let channel = Channel::from_shared(url.clone())
-            .expect("url")
+/// A channel to `address`, over TCP or a unix socket.
+async fn connect(address: &str) -> Channel {
+    match address.strip_prefix("unix://") {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            Endpoint::from_static("http://localhost")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                }))
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to {address}: {e}"))
+        }
+        None => Channel::from_shared(address.replace("grpc://", "http://"))
+            .unwrap_or_else(|e| panic!("bad address {address}: {e}"))
             .connect()
             .await
-            .expect("connect");
+            .unwrap_or_else(|e| panic!("cannot connect to {address}: {e}")),
+    }
+}
+
+impl Server {
+    /// Starts the server with `args` (on a free loopback port unless they say `--listen`) and
+    /// connects to it.
+    pub async fn start(args: &[&str]) -> Self {
+        let mut process = serve(args);
+        let mut child = process.spawn().expect("spawn dtlto-reapi serve");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        tokio::time::timeout(serve_process::STARTUP, stdout.read_line(&mut line))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{process:?} printed nothing within {:?}",
+                    serve_process::STARTUP
+                )
+            })
+            .expect("read the first line");
+        let address = serve_process::address(&process, &line);
+        let channel = connect(&address).await;
         Self {
             child,
-            url,
+            address,
             channel,
             _stdout: stdout,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, for third-party clients; panics for a unix socket.
+    pub fn http_url(&self) -> String {
+        match self.address.strip_prefix("grpc://") {
+            Some(host_port) => format!("http://{host_port}"),
+            None => panic!("{} is not a TCP address", self.address),
         }
     }
 
@@ -140,36 +174,81 @@ impl Server {
     /// Uploads an action's Command, input tree and Action; returns the Action's digest.
     pub async fn upload_action(&self, spec: &ActionSpec<'_>) -> Digest {
         let (root, mut blobs) = tree(spec.inputs);
-        let command = Command {
-            arguments: spec.args.iter().map(|s| s.to_string()).collect(),
-            environment_variables: spec
-                .env
-                .iter()
-                .map(|(name, value)| command::EnvironmentVariable {
-                    name: name.to_string(),
-                    value: value.to_string(),
-                })
-                .collect(),
-            output_paths: spec.outputs.iter().map(|s| s.to_string()).collect(),
-            working_directory: spec.working_directory.to_owned(),
-            ..Default::default()
-        }
-        .encode_to_vec();
-        let action = Action {
-            command_digest: Some(digest(&command)),
-            input_root_digest: Some(root),
-            timeout: spec
-                .timeout_secs
-                .map(|seconds| Duration { seconds, nanos: 0 }),
-            do_not_cache: spec.do_not_cache,
-            ..Default::default()
-        }
-        .encode_to_vec();
+        let (command, action) = spec.encode(root);
         let action_digest = digest(&action);
         blobs.push(command);
         blobs.push(action);
         self.upload(&blobs).await;
         action_digest
+    }
+
+    /// Uploads the action and runs Execute to the end (cache lookup allowed); returns the Action's
+    /// digest and the final ExecuteResponse.
+    pub async fn upload_and_execute(&self, spec: &ActionSpec<'_>) -> (Digest, ExecuteResponse) {
+        let action = self.upload_action(spec).await;
+        let (_, response) = self.execute(&action, false).await;
+        (action, response)
+    }
+
+    /// Reads `resource_name` with ByteStream Read from `offset`, at most `limit` bytes (0: to the
+    /// end); returns the bytes of every chunk, or the first error.
+    pub async fn bytestream_read(
+        &self,
+        resource_name: String,
+        offset: i64,
+        limit: i64,
+    ) -> Result<Vec<u8>, Status> {
+        let stream = self
+            .bytestream()
+            .read(ReadRequest {
+                resource_name,
+                read_offset: offset,
+                read_limit: limit,
+            })
+            .await?
+            .into_inner();
+        let chunks: Vec<_> = stream.collect().await;
+        chunks.into_iter().try_fold(Vec::new(), |mut all, chunk| {
+            all.extend(chunk?.data);
+            Ok(all)
+        })
+    }
+
+    /// Sends `requests` as one ByteStream Write; returns the committed size.
+    pub async fn bytestream_write(&self, requests: Vec<WriteRequest>) -> Result<i64, Status> {
+        let response = self
+            .bytestream()
+            .write(futures::stream::iter(requests))
+            .await?;
+        Ok(response.into_inner().committed_size)
+    }
+
+    /// What QueryWriteStatus says of the upload `resource_name`.
+    pub async fn query_write_status(&self, resource_name: &str) -> QueryWriteStatusResponse {
+        self.bytestream()
+            .query_write_status(QueryWriteStatusRequest {
+                resource_name: resource_name.to_owned(),
+            })
+            .await
+            .expect("QueryWriteStatus")
+            .into_inner()
+    }
+
+    /// Starts Execute; returns the stream of Operations.
+    pub async fn execute_stream(
+        &self,
+        action: &Digest,
+        skip_cache_lookup: bool,
+    ) -> Streaming<Operation> {
+        self.execution()
+            .execute(ExecuteRequest {
+                action_digest: Some(action.clone()),
+                skip_cache_lookup,
+                ..Default::default()
+            })
+            .await
+            .expect("Execute")
+            .into_inner()
     }
 
     /// Runs Execute to the end; returns every Operation seen and the final ExecuteResponse.
@@ -178,31 +257,67 @@ impl Server {
         action: &Digest,
         skip_cache_lookup: bool,
     ) -> (Vec<Operation>, ExecuteResponse) {
+        finish(self.execute_stream(action, skip_cache_lookup).await).await
+    }
+
+    /// Runs WaitExecution on the operation `name` to the end; returns every Operation seen and the
+    /// final ExecuteResponse.
+    pub async fn wait_execution(&self, name: &str) -> (Vec<Operation>, ExecuteResponse) {
         let stream = self
             .execution()
-            .execute(ExecuteRequest {
+            .wait_execution(WaitExecutionRequest {
+                name: name.to_owned(),
+            })
+            .await
+            .expect("WaitExecution")
+            .into_inner();
+        finish(stream).await
+    }
+
+    /// GetActionResult of `action` on the default instance, without inlining.
+    pub async fn get_action_result(&self, action: &Digest) -> Result<ActionResult, Status> {
+        self.action_cache()
+            .get_action_result(GetActionResultRequest {
                 action_digest: Some(action.clone()),
-                skip_cache_lookup,
                 ..Default::default()
             })
             .await
-            .expect("Execute")
-            .into_inner();
-        let operations: Vec<Operation> = stream.map(|op| op.expect("operation")).collect().await;
-        let response = response_of(operations.last().expect("at least one operation"));
-        (operations, response)
+            .map(Response::into_inner)
+    }
+
+    /// Stores `result` for `action` with UpdateActionResult, asserting success.
+    pub async fn update_action_result(&self, action: &Digest, result: &ActionResult) {
+        self.action_cache()
+            .update_action_result(UpdateActionResultRequest {
+                action_digest: Some(action.clone()),
+                action_result: Some(result.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect("UpdateActionResult");
+    }
+
+    /// The blobs among `digests` that the default instance lacks (FindMissingBlobs).
+    pub async fn find_missing(&self, digests: Vec<Digest>) -> Vec<Digest> {
+        self.cas()
+            .find_missing_blobs(FindMissingBlobsRequest {
+                blob_digests: digests,
+                ..Default::default()
+            })
+            .await
+            .expect("FindMissingBlobs")
+            .into_inner()
+            .missing_blob_digests
     }
 
     /// Reads a blob with BatchReadBlobs.
     pub async fn read(&self, digest: &Digest) -> Vec<u8> {
         let response = self
             .cas()
-            .batch_read_blobs(
-                bazel_remote_apis::build::bazel::remote::execution::v2::BatchReadBlobsRequest {
-                    digests: vec![digest.clone()],
-                    ..Default::default()
-                },
-            )
+            .batch_read_blobs(BatchReadBlobsRequest {
+                digests: vec![digest.clone()],
+                ..Default::default()
+            })
             .await
             .expect("BatchReadBlobs")
             .into_inner();
@@ -240,6 +355,16 @@ pub async fn refused_start(args: &[&str]) -> (ExitStatus, String) {
     )
 }
 
+/// One message of a ByteStream Write: `data` at `offset` of the upload `name`.
+pub fn write_request(name: &str, offset: usize, data: &[u8], finish: bool) -> WriteRequest {
+    WriteRequest {
+        resource_name: name.into(),
+        write_offset: offset as i64,
+        finish_write: finish,
+        data: data.to_vec(),
+    }
+}
+
 /// What an action runs: arguments, environment, input files (path, contents, executable),
 /// output paths, working directory, timeout and caching.
 #[derive(Default)]
@@ -251,6 +376,38 @@ pub struct ActionSpec<'a> {
     pub working_directory: &'a str,
     pub timeout_secs: Option<i64>,
     pub do_not_cache: bool,
+}
+
+impl ActionSpec<'_> {
+    /// The encoded Command and Action, the Action's input root being `input_root`.
+    pub fn encode(&self, input_root: Digest) -> (Vec<u8>, Vec<u8>) {
+        let command = Command {
+            arguments: self.args.iter().map(|s| s.to_string()).collect(),
+            environment_variables: self
+                .env
+                .iter()
+                .map(|(name, value)| command::EnvironmentVariable {
+                    name: name.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            output_paths: self.outputs.iter().map(|s| s.to_string()).collect(),
+            working_directory: self.working_directory.to_owned(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let action = Action {
+            command_digest: Some(digest(&command)),
+            input_root_digest: Some(input_root),
+            timeout: self
+                .timeout_secs
+                .map(|seconds| Duration { seconds, nanos: 0 }),
+            do_not_cache: self.do_not_cache,
+            ..Default::default()
+        }
+        .encode_to_vec();
+        (command, action)
+    }
 }
 
 pub fn digest(data: &[u8]) -> Digest {
@@ -315,6 +472,13 @@ pub fn tree(files: &[(&str, &[u8], bool)]) -> (Digest, Vec<Vec<u8>>) {
     (digest, blobs)
 }
 
+/// Reads a stream of Operations to its end; returns them and the final ExecuteResponse.
+async fn finish(stream: Streaming<Operation>) -> (Vec<Operation>, ExecuteResponse) {
+    let operations: Vec<Operation> = stream.map(|op| op.expect("operation")).collect().await;
+    let response = response_of(operations.last().expect("at least one operation"));
+    (operations, response)
+}
+
 /// The ExecuteResponse of a finished Operation.
 pub fn response_of(operation: &Operation) -> ExecuteResponse {
     assert!(operation.done, "operation {} is not done", operation.name);
@@ -329,9 +493,7 @@ pub fn response_of(operation: &Operation) -> ExecuteResponse {
 /// The stage in an Operation's ExecuteOperationMetadata.
 pub fn stage_of(operation: &Operation) -> i32 {
     let metadata = operation.metadata.as_ref().expect("metadata");
-    bazel_remote_apis::build::bazel::remote::execution::v2::ExecuteOperationMetadata::decode(
-        &*metadata.value,
-    )
-    .expect("metadata")
-    .stage
+    ExecuteOperationMetadata::decode(&*metadata.value)
+        .expect("metadata")
+        .stage
 }

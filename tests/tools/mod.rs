@@ -1,0 +1,76 @@
+//! The tools the tests need beyond Rust: clang/lld 22 (`scripts/toolchain.sh`) and BuildGrid's
+//! `bgd` (`scripts/buildgrid.sh`), each found or installed once per test process by the project's
+//! own script, which prints `NAME=PATH` lines. A failing install fails the test, never skips it.
+//!
+//! `common` includes this module; a test crate that needs only `bgd` includes it alone, hence the
+//! `dead_code` allowance.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// The clang, lld and archiver the tests use, as printed by `scripts/toolchain.sh`.
+#[derive(Debug)]
+pub struct Toolchain {
+    /// Directory holding the wrappers.
+    pub bin: PathBuf,
+    pub clang: PathBuf,
+    pub lld: PathBuf,
+    pub ar: PathBuf,
+}
+
+/// The toolchain, located (and installed if needed) once per test process.
+///
+/// Panics with the script's stderr when it fails.
+pub fn toolchain() -> &'static Toolchain {
+    static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
+    TOOLCHAIN.get_or_init(|| {
+        let [bin, clang, lld, ar] =
+            script_paths("scripts/toolchain.sh", ["BIN", "CLANG", "LLD", "AR"]);
+        Toolchain {
+            bin,
+            clang,
+            lld,
+            ar,
+        }
+    })
+}
+
+/// BuildGrid's `bgd` command (client and server), installed once per test process by
+/// `scripts/buildgrid.sh`; panics with the script's stderr when the install fails.
+pub fn bgd() -> &'static Path {
+    static BGD: OnceLock<PathBuf> = OnceLock::new();
+    BGD.get_or_init(|| {
+        let [bgd] = script_paths("scripts/buildgrid.sh", ["BGD"]);
+        bgd
+    })
+}
+
+/// Runs one of the project's install scripts (`script` is relative to the repository) and returns
+/// the paths it printed as `NAME=PATH` lines for each of `names`, in order.
+///
+/// Panics with the script's stderr when it fails, and with its stdout when a name is missing: the
+/// tests need what it installs, so they fail rather than skip.
+pub fn script_paths<const N: usize>(script: &str, names: [&str; N]) -> [PathBuf; N] {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} failed ({}); these tests need what it installs:\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vars: HashMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once('=')).collect();
+    names.map(|name| match vars.get(name) {
+        Some(value) => PathBuf::from(value),
+        None => panic!("{} printed no {name}= line:\n{stdout}", script.display()),
+    })
+}
