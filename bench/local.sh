@@ -14,31 +14,17 @@
 # Environment: MODULES (300), FUNCTIONS per module (16), JOBS (nproc), RUNS (3).
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
+source "$root/bench/project.sh"
 modules=${MODULES:-300}
 functions=${FUNCTIONS:-16}
 jobs=${JOBS:-$(nproc)}
 runs=${RUNS:-3}
 out=$root/bench/out/local
 project=$out/project
-say() { echo "bench/local.sh: $*" >&2; }
 
-say "building dtlto-reapi (release)"
-cargo build --release --quiet --manifest-path "$root/Cargo.toml"
-distributor=$target/release/dtlto-reapi
-toolchain=$("$root/scripts/toolchain.sh")
-CLANG=$(sed -n 's/^CLANG=//p' <<<"$toolchain")
-LLD=$(sed -n 's/^LLD=//p' <<<"$toolchain")
-
-say "generating $modules modules x $functions functions in $project"
-rm -rf "$out"
-python3 "$root/bench/gen_project.py" "$project" "$modules" "$functions"
+generate_project
 cd "$project"
-say "compiling with -flto=thin ($jobs at a time)"
-printf '%s\n' *.c | xargs -P "$jobs" -n 1 sh -c \
-    'exec "$0" --target=x86_64-linux-gnu -O2 -flto=thin -c "$1" -o "${1%.c}.o"' "$CLANG"
-printf '%s\n' *.o >inputs.rsp
 
 link=(--target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp)
 dtlto=("-Wl,--thinlto-remote-compiler=$CLANG" "-Xthinlto-distributor=--jobs=$jobs")

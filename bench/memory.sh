@@ -6,30 +6,17 @@
 # Environment: MODULES (5000), FUNCTIONS per module (1), JOBS (nproc).
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
+source "$root/bench/project.sh"
 modules=${MODULES:-5000}
 functions=${FUNCTIONS:-1}
 jobs=${JOBS:-$(nproc)}
 out=$root/bench/out/memory
 project=$out/project
-say() { echo "bench/memory.sh: $*" >&2; }
 [[ -x /usr/bin/time ]] || { say "needs GNU time (Debian: apt-get install time)"; exit 1; }
 
-say "building dtlto-reapi (release)"
-cargo build --release --quiet --manifest-path "$root/Cargo.toml"
-distributor=$target/release/dtlto-reapi
-toolchain=$("$root/scripts/toolchain.sh")
-CLANG=$(sed -n 's/^CLANG=//p' <<<"$toolchain")
-LLD=$(sed -n 's/^LLD=//p' <<<"$toolchain")
-
-say "generating and compiling $modules modules in $project"
-rm -rf "$out"
-python3 "$root/bench/gen_project.py" "$project" "$modules" "$functions"
+generate_project
 cd "$project"
-printf '%s\n' *.c | xargs -P "$jobs" -n 16 sh -c \
-    'for f; do "$0" --target=x86_64-linux-gnu -O1 -flto=thin -c "$f" -o "${f%.c}.o" || exit 1; done' "$CLANG"
-printf '%s\n' *.o >inputs.rsp
 
 # lld runs this wrapper as the distributor; GNU time records dtlto-reapi's peak RSS in KiB.
 cat >"$out/measured-distributor" <<SH

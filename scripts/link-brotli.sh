@@ -8,18 +8,9 @@
 # ${CARGO_TARGET_DIR:-target}/brotli; the source distribution is cached in ~/.cache/dtlto-reapi.
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 work=$target/brotli
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/dtlto-reapi
-say() { echo "link-brotli.sh: $*" >&2; }
-
-cargo build --release --quiet --manifest-path "$root/Cargo.toml"
-distributor=$target/release/dtlto-reapi
-toolchain=$("$root/scripts/toolchain.sh")
-CLANG=$(sed -n 's/^CLANG=//p' <<<"$toolchain")
-LLD=$(sed -n 's/^LLD=//p' <<<"$toolchain")
-AR=$(sed -n 's/^AR=//p' <<<"$toolchain")
 
 sdist=$cache/Brotli-1.1.0.tar.gz
 if [[ ! -f $sdist ]]; then

@@ -10,19 +10,8 @@
 #   scripts/sample-link.sh --jobs=2 --stats-json=/tmp/s.json
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 build=$target/sample
-say() { echo "sample-link.sh: $*" >&2; }
-
-say "building dtlto-reapi (release)"
-cargo build --release --quiet --manifest-path "$root/Cargo.toml"
-distributor=$target/release/dtlto-reapi
-
-toolchain=$("$root/scripts/toolchain.sh")
-CLANG=$(sed -n 's/^CLANG=//p' <<<"$toolchain")
-LLD=$(sed -n 's/^LLD=//p' <<<"$toolchain")
-AR=$(sed -n 's/^AR=//p' <<<"$toolchain")
 
 rm -rf "$build"
 mkdir -p "$build"

@@ -37,14 +37,14 @@ const MAX_ABBREV_OPS: u64 = 256;
 /// the same, e.g. from archivers that pad members).
 const MIN_BLOCK_BYTES: u64 = 12;
 
-fn malformed(at: u64, what: impl Into<String>) -> BitcodeError {
+pub(super) fn malformed(at: u64, what: impl Into<String>) -> BitcodeError {
     BitcodeError::Malformed {
         at,
         what: what.into(),
     }
 }
 
-fn unsupported(at: u64, what: impl Into<String>) -> BitcodeError {
+pub(super) fn unsupported(at: u64, what: impl Into<String>) -> BitcodeError {
     BitcodeError::Unsupported {
         at,
         what: what.into(),

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 
 use super::BitcodeError;
+use super::bitstream::{malformed, unsupported};
 use super::shard::{BodyItem, Emit};
 
 const FS_COMBINED: u64 = 4;
@@ -89,19 +90,6 @@ fn role(code: u64) -> Option<Role> {
     })
 }
 
-fn malformed(at: u64, what: impl Into<String>) -> BitcodeError {
-    BitcodeError::Malformed {
-        at,
-        what: what.into(),
-    }
-}
-
-fn unsupported(at: u64, what: impl Into<String>) -> BitcodeError {
-    BitcodeError::Unsupported {
-        at,
-        what: what.into(),
-    }
-}
 
 /// Old → new value IDs, and each old ID's GUID.
 struct Values {

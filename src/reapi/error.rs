@@ -135,17 +135,10 @@ impl ReapiError {
     /// A local fallback is reasonable for these and only these.
     pub fn is_infrastructure(&self) -> bool {
         match self {
-            ReapiError::Rpc { code, .. } => matches!(
-                code,
-                Code::Unavailable
-                    | Code::ResourceExhausted
-                    | Code::DeadlineExceeded
-                    | Code::Aborted
-                    | Code::Internal
-                    | Code::Unknown
-                    | Code::Cancelled
-                    | Code::DataLoss
-            ),
+            // What was worth retrying, once the retries ran out, plus lost data.
+            ReapiError::Rpc { code, .. } => {
+                super::retry::is_transient(*code) || *code == Code::DataLoss
+            }
             ReapiError::Integrity { .. } | ReapiError::Protocol { .. } => true,
             ReapiError::Config(_) | ReapiError::Unsupported { .. } | ReapiError::Io { .. } => false,
         }
