@@ -197,7 +197,7 @@ async fn action_cache_get_and_update() {
     let action = digest::of_bytes(b"some action");
     assert_eq!(
         client
-            .get_action_result(&action, true, &ctx())
+            .get_action_result(&action, &[], &ctx())
             .await
             .unwrap(),
         None
@@ -218,7 +218,7 @@ async fn action_cache_get_and_update() {
         .await
         .unwrap();
     let got = client
-        .get_action_result(&action, false, &ctx())
+        .get_action_result(&action, &[], &ctx())
         .await
         .unwrap()
         .expect("a cached result");
@@ -230,6 +230,44 @@ async fn action_cache_get_and_update() {
             .unwrap(),
         stdout
     );
+}
+
+#[tokio::test]
+async fn cache_hits_inline_the_outputs_asked_for() {
+    let server = Server::start(&[]).await;
+    let client = connect(&server).await;
+    let action = digest::of_bytes(b"an action with outputs");
+    let (object, other) = (b"native object".to_vec(), b"proc stats".to_vec());
+    client
+        .upload(
+            vec![
+                Blob::from_bytes(object.clone()),
+                Blob::from_bytes(other.clone()),
+            ],
+            &ctx(),
+        )
+        .await
+        .unwrap();
+    let file = |path: &str, data: &[u8]| OutputFile {
+        path: path.to_owned(),
+        digest: Some(digest::of_bytes(data)),
+        ..Default::default()
+    };
+    let result = ActionResult {
+        output_files: vec![file("out-0", &object), file("out-1", &other)],
+        ..Default::default()
+    };
+    client
+        .update_action_result(&action, result, &ctx())
+        .await
+        .unwrap();
+    let got = client
+        .get_action_result(&action, &["out-0".to_owned()], &ctx())
+        .await
+        .unwrap()
+        .expect("a cached result");
+    assert_eq!(output(&got, "out-0").contents, object);
+    assert!(output(&got, "out-1").contents.is_empty());
 }
 
 #[tokio::test]
@@ -363,7 +401,7 @@ async fn transient_failures_are_retried_and_permanent_ones_are_not() {
     assert_eq!(client.stats().rpc_retries, 7);
 
     let err = client
-        .get_action_result(&action_digest, false, &ctx())
+        .get_action_result(&action_digest, &[], &ctx())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
@@ -375,7 +413,7 @@ async fn transient_failures_are_retried_and_permanent_ones_are_not() {
     );
     assert!(
         client
-            .get_action_result(&action_digest, false, &ctx())
+            .get_action_result(&action_digest, &[], &ctx())
             .await
             .unwrap()
             .is_some()

@@ -90,7 +90,6 @@ fn role(code: u64) -> Option<Role> {
     })
 }
 
-
 /// Old → new value IDs, and each old ID's GUID.
 struct Values {
     new_id: HashMap<u64, u64>,

@@ -187,12 +187,10 @@ impl Runner {
         let disk = match &settings.disk_cache {
             None => None,
             Some(dir) => {
-                let (dir, max) = (dir.clone(), settings.disk_cache_max_size);
-                let disk = tokio::task::spawn_blocking(move || DiskCache::open(&dir, max))
+                let (path, max) = (dir.clone(), settings.disk_cache_max_size);
+                let disk = tokio::task::spawn_blocking(move || DiskCache::open(&path, max))
                     .await?
-                    .with_context(|| {
-                        format!("opening the disk cache {}", settings_dir(settings))
-                    })?;
+                    .with_context(|| format!("opening the disk cache {}", dir.display()))?;
                 Some(disk)
             }
         };
@@ -334,14 +332,6 @@ impl Runner {
             ctx.reporter.warn_once("disk-cache-trim", &text);
         }
     }
-}
-
-fn settings_dir(settings: &Settings) -> String {
-    settings
-        .disk_cache
-        .as_deref()
-        .map(|d| d.display().to_string())
-        .unwrap_or_default()
 }
 
 /// The ActionResult of a successful compile that ran here, for the caches to store.

@@ -220,7 +220,7 @@ impl RemoteExecutor {
     ) -> (JobRecord, Vec<u8>) {
         match self
             .client
-            .get_action_result(&spec.action_digest, true, call)
+            .get_action_result(&spec.action_digest, &output_names(spec), call)
             .await
         {
             Ok(Some(result)) if result.exit_code == 0 => {
@@ -292,7 +292,7 @@ impl RemoteExecutor {
     ) -> Result<(Ran, ActionResult), RemoteFailure> {
         if let Some(result) = self
             .client
-            .get_action_result(&spec.action_digest, true, call)
+            .get_action_result(&spec.action_digest, &output_names(spec), call)
             .await?
             && result.exit_code == 0
         {
@@ -397,7 +397,16 @@ impl RemoteExecutor {
                     file.path
                 )));
             };
-            self.client.download_to_file(digest, target, call).await?;
+            // Contents the server inlined are used when they match their digest; anything else is
+            // downloaded (and verified) instead.
+            let inlined = (!file.contents.is_empty() || digest.size_bytes == 0)
+                && reapi::digest::of_bytes(&file.contents) == *digest;
+            if inlined {
+                std::fs::write(target, &file.contents)
+                    .map_err(|e| RemoteFailure::Other(format!("{}: {e}", target.display())))?;
+            } else {
+                self.client.download_to_file(digest, target, call).await?;
+            }
         }
         for (name, local) in &spec.outputs {
             if !result.output_files.iter().any(|f| f.path == *name) {
@@ -437,6 +446,11 @@ impl RemoteExecutor {
             _ => Vec::new(),
         }
     }
+}
+
+/// The paths of a job's outputs inside its action, for the server to inline in cache hits.
+fn output_names(spec: &ActionSpec) -> Vec<String> {
+    spec.outputs.iter().map(|(name, _)| name.clone()).collect()
 }
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.

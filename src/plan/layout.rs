@@ -367,4 +367,31 @@ mod tests {
             ".dtlto-reapi/common-0/prof.afdo"
         );
     }
+
+    proptest::proptest! {
+        /// Whatever paths a job file names (absolute, `..` beyond the root, `.`, spaces, Unicode),
+        /// planning gives a layout or a reason, and the layout gives an input tree or an error:
+        /// never a panic.
+        #[test]
+        fn arbitrary_paths_never_panic(
+            inputs in proptest::collection::vec("(/|\\.\\./|\\./|[a-z (α]{1,4}/){0,4}[a-z. ()α]{0,6}", 2..6),
+            common in proptest::collection::vec("(/|\\.\\./)?[a-z (]{1,4}", 0..2),
+            cwd in "(/[a-z (α]{1,4}){0,3}",
+        ) {
+            let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let common: Vec<&str> = common.iter().map(String::as_str).collect();
+            let file = job_file(&inputs, &common);
+            let cwd = if cwd.is_empty() { "/".to_owned() } else { cwd };
+            if let Ok(layout) = mirror(&file, &file.jobs[0], Path::new(&cwd)) {
+                let entries = layout.inputs.iter().map(|(path, _)| {
+                    let file = super::super::merkle::TreeFile {
+                        digest: crate::reapi::digest::of_bytes(path.as_bytes()),
+                        executable: false,
+                    };
+                    (path.clone(), file)
+                });
+                let _ = super::super::merkle::build_tree(entries);
+            }
+        }
+    }
 }

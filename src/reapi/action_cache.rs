@@ -17,21 +17,23 @@ impl Inner {
 }
 
 impl Client {
-    /// The cached result of `action`, or `None` if the cache has none. With `inline_std_streams`
-    /// the server is asked to put stdout and stderr into the result (it may still send digests).
+    /// The cached result of `action`, or `None` if the cache has none. The server is asked to put
+    /// stdout, stderr and the `inline_outputs` (output paths) into the result, which saves a
+    /// download round trip per output; it may still send only digests, and nothing it inlines is
+    /// trusted before its digest is checked.
     pub async fn get_action_result(
         &self,
         action: &Digest,
-        inline_std_streams: bool,
+        inline_outputs: &[String],
         ctx: &CallContext,
     ) -> Result<Option<ActionResult>, ReapiError> {
         let inner = &self.inner;
         let request = re::GetActionResultRequest {
             instance_name: inner.instance_name.clone(),
             action_digest: Some(action.clone()),
-            inline_stdout: inline_std_streams,
-            inline_stderr: inline_std_streams,
-            inline_output_files: Vec::new(),
+            inline_stdout: true,
+            inline_stderr: true,
+            inline_output_files: inline_outputs.to_vec(),
             digest_function: 0,
         };
         let mut attempts = inner.attempts(inner.deadline());

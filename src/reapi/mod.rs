@@ -311,7 +311,7 @@ mod tests {
             send(c.upload_missing(Vec::new(), ctx));
             send(c.download(d, ctx));
             send(c.download_to_file(d, path, ctx));
-            send(c.get_action_result(d, true, ctx));
+            send(c.get_action_result(d, &[], ctx));
             send(c.update_action_result(d, ActionResult::default(), ctx));
             send(c.execute(d, false, ctx));
         }
