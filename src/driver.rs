@@ -62,25 +62,36 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         }
     };
 
+    // Connecting (with its retries) and hashing the inputs can take a while: an interrupt must
+    // not wait for them.
+    let connect = ctx
+        .cancel
+        .run_until_cancelled(RemoteExecutor::connect(&ctx, settings));
     let remote = match settings.mode {
         Mode::Local => None,
-        Mode::Remote | Mode::CacheOnly => match RemoteExecutor::connect(&ctx, settings).await {
-            Ok(remote) => Some(remote),
+        Mode::Remote | Mode::CacheOnly => match connect.await {
+            None => return interrupted(&reporter, &signalled),
+            Some(Ok(remote)) => Some(remote),
             // The cluster is down or too slow to answer: the link can still be done here.
-            Err(e) if settings.local_fallback && is_infrastructure(&e) => {
+            Some(Err(e)) if settings.local_fallback && is_infrastructure(&e) => {
                 let text = format!("{e:#}; falling back to local compiles");
                 reporter.warn_once("infrastructure", &text);
                 None
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 reporter.error(&format!("{e:#}"));
                 return ExitCode::FAILURE;
             }
         },
     };
-    let runner = match Runner::new(&ctx, settings, remote).await {
-        Ok(runner) => runner,
-        Err(e) => {
+    let runner = match ctx
+        .cancel
+        .run_until_cancelled(Runner::new(&ctx, settings, remote))
+        .await
+    {
+        None => return interrupted(&reporter, &signalled),
+        Some(Ok(runner)) => runner,
+        Some(Err(e)) => {
             reporter.error(&format!("{e:#}"));
             return ExitCode::FAILURE;
         }
@@ -108,13 +119,17 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     match signalled.load(Ordering::Relaxed) {
         0 if succeeded => ExitCode::SUCCESS,
         0 => ExitCode::FAILURE,
-        signo => {
-            reporter.error(&format!(
-                "interrupted by signal {signo}; no partial outputs were left"
-            ));
-            ExitCode::from(128u8.saturating_add(signo as u8))
-        }
+        _ => interrupted(&reporter, &signalled),
     }
+}
+
+/// The exit status after SIGINT/SIGTERM: 128 + the signal, as a shell reports it.
+fn interrupted(reporter: &Reporter, signalled: &AtomicI32) -> ExitCode {
+    let signo = signalled.load(Ordering::Relaxed);
+    reporter.error(&format!(
+        "interrupted by signal {signo}; no partial outputs were left"
+    ));
+    ExitCode::from(128u8.saturating_add(u8::try_from(signo).unwrap_or(0)))
 }
 
 /// Cancels the run on the first SIGINT or SIGTERM and remembers which signal it was.

@@ -4,6 +4,8 @@
 //! The "compiler" here is a shell script that writes part of its output and then hangs, so the test
 //! controls exactly what is on disk when the signal arrives.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -112,4 +114,34 @@ fn sigterm_kills_the_compiles_and_leaves_no_output() {
 #[test]
 fn sigint_kills_the_compiles_and_leaves_no_output() {
     interrupt_with(libc::SIGINT, 128 + libc::SIGINT);
+}
+
+#[test]
+fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = hanging_link(dir.path(), 1);
+    // Every RPC of this server takes 20 s: the client is still reading its capabilities.
+    let server = common::Server::start(["--fault-delay-ms=20000"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
+        .arg(format!("--remote={}", server.url()))
+        .arg(&job_file)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let took = sent.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?} to exit: {stderr}"
+    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
 }
