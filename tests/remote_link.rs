@@ -253,3 +253,24 @@ fn cache_only_mode_shares_results_and_uses_the_same_actions_as_remote_mode() {
     assert_eq!(again.ran(), ran_only("local", 4));
     assert_eq!(linked.run_program(), expected);
 }
+
+#[test]
+fn a_server_older_than_reapi_2_1_gets_output_files_and_works() {
+    let (project, expected) = chain_with_archive(2);
+    let old = hiding_server(&project, &["--api-minor-version=0"]);
+    let (linked, stats) = remote_link(&project, &old, "old/app", &[]);
+    assert_eq!(linked.run_program(), expected);
+    assert_eq!(stats.ran(), ran_only("remote", 3), "{stats}");
+
+    // The Command differs (output_files instead of output_paths), so the Actions do too.
+    let new = hiding_server(&project, &[]);
+    let (_, new_stats) = remote_link(&project, &new, "new/app", &[]);
+    assert_eq!(new_stats.ran(), ran_only("remote", 3), "{new_stats}");
+    assert!(
+        stats
+            .actions()
+            .iter()
+            .all(|a| !new_stats.actions().contains(a)),
+        "{stats} {new_stats}"
+    );
+}

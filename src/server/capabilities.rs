@@ -1,5 +1,5 @@
 //! The Capabilities service: tells clients what this server implements (SHA-256, the batch size
-//! limit, execution and action-cache updates enabled, REAPI 2.0 to 2.3).
+//! limit, execution and action-cache updates enabled, REAPI 2.0 to 2.3, or to an older 2.N on request).
 
 use super::context::Context;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
@@ -53,7 +53,7 @@ impl Capabilities for CapabilitiesService {
                 ..Default::default()
             }),
             low_api_version: version(0),
-            high_api_version: version(3),
+            high_api_version: version(self.0.api_minor_version),
             ..Default::default()
         }))
     }

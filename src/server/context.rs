@@ -16,6 +16,8 @@ pub struct Context {
     pub faults: Faults,
     /// Largest total of blob bytes one BatchUpdateBlobs or BatchReadBlobs may carry.
     pub max_batch_bytes: u64,
+    /// The newest REAPI 2.x minor version advertised in the capabilities.
+    pub api_minor_version: i32,
 }
 
 impl Context {

@@ -77,6 +77,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
     pub max_batch_bytes: u64,
 
+    /// Newest REAPI minor version advertised (2.N, 0 to 3). Lower it to test clients against an
+    /// older server, e.g. 0 for a server that predates `output_paths` (REAPI 2.1).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..=3), value_name = "N")]
+    pub api_minor_version: i32,
+
     /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
     /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
     /// FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, GetTree, ByteStream.Read,
@@ -183,6 +188,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.fault_corrupt_reads,
         ),
         max_batch_bytes: args.max_batch_bytes,
+        api_minor_version: args.api_minor_version,
     });
     let workers = args
         .workers
