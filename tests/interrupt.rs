@@ -145,3 +145,69 @@ fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
 }
+
+#[test]
+fn an_interrupted_remote_link_cancels_its_operations_on_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    // The "compiler" runs on the server's worker: it records its pid where the test can see it,
+    // then works for 30 s.
+    let pids = dir.path().join("remote pids");
+    let compiler = dir.path().join("slow remote compiler.sh");
+    std::fs::write(
+        &compiler,
+        format!(
+            "#!/bin/sh\necho $$ >> '{}'\nexec sleep 30\n",
+            pids.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &compiler,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    for name in ["m.o", "m.bc"] {
+        std::fs::write(dir.path().join(name), b"x").unwrap();
+    }
+    let job_file = dir.path().join("app.1.dist-file.json");
+    let jobs = json!({"common": {"linker_output": "app", "args": [compiler]},
+        "jobs": [{"args": ["m.o", "-o", "m.native.o"], "inputs": ["m.o", "m.bc"],
+                  "outputs": ["m.native.o"]}]});
+    std::fs::write(&job_file, jobs.to_string()).unwrap();
+
+    let server = common::Server::start(Vec::<String>::new());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
+        .arg(format!("--remote={}", server.url()))
+        .arg(&job_file)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pids.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the remote compile never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid: i32 = std::fs::read_to_string(&pids)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+
+    // The server heard the CancelOperation and stopped the action.
+    // SAFETY: signal 0 only checks whether the process exists.
+    let alive = || unsafe { libc::kill(pid, 0) } == 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(), "the abandoned action still runs on the server");
+}

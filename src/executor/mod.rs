@@ -323,8 +323,12 @@ impl Runner {
         }
     }
 
-    /// Ends the run: brings the disk cache back under its size bound.
+    /// Ends the run: lets the cancellations of abandoned remote operations reach the cluster, and
+    /// brings the disk cache back under its size bound.
     pub async fn finish(&self, ctx: &RunContext) {
+        if let Some(remote) = &self.remote {
+            remote.client().settle_cancellations().await;
+        }
         if let Some(disk) = &self.disk
             && let Err(e) = tokio::task::block_in_place(|| disk.trim())
         {

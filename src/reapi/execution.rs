@@ -8,7 +8,11 @@
 //! given action). All of it is bounded by the retry budget and the Execute deadline.
 
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use bazel_remote_apis::google::longrunning::{Operation, operation};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bazel_remote_apis::google::longrunning::operations_client::OperationsClient;
+use bazel_remote_apis::google::longrunning::{CancelOperationRequest, Operation, operation};
 use prost::Message as _;
 use tonic::{Code, Status};
 
@@ -102,11 +106,16 @@ impl Client {
             inline_output_files: Vec::new(),
         };
         let mut attempts = inner.attempts(tokio::time::Instant::now() + inner.execute_timeout);
-        // The operation to re-attach to; `None` means (re-)execute.
-        let mut operation: Option<String> = None;
+        // Holds the operation to re-attach to (`None` means (re-)execute), and cancels it on the
+        // server if this future is dropped while it runs.
+        let mut abandon = CancelOnDrop {
+            inner: self.inner.clone(),
+            ctx: ctx.clone(),
+            operation: None,
+        };
         let mut stage = None;
         loop {
-            let rpc = if operation.is_some() {
+            let rpc = if abandon.operation.is_some() {
                 "WaitExecution"
             } else {
                 "Execute"
@@ -117,7 +126,7 @@ impl Client {
             let mut progressed = false;
             let follow = inner.follow(
                 &request,
-                &mut operation,
+                &mut abandon.operation,
                 ctx,
                 remaining,
                 &mut progressed,
@@ -131,13 +140,16 @@ impl Client {
             let outcome = tokio::time::timeout(remaining, follow).await;
             let status = match outcome {
                 Ok(Ok(done)) => match inner.unpack(done) {
-                    Ok(response) => return Ok(response),
+                    Ok(response) => {
+                        abandon.operation = None;
+                        return Ok(response);
+                    }
                     // A transient failure of the execution itself: run the action again.
                     Err(status)
                         if is_transient(status.code())
                             && status.code() != Code::DeadlineExceeded =>
                     {
-                        operation = None;
+                        abandon.operation = None;
                         status
                     }
                     Err(status) => return Err(inner.fail("Execute", &status, &attempts)),
@@ -146,10 +158,10 @@ impl Client {
                     Status::unavailable("the operation stream ended before the action was done")
                 }
                 Ok(Err(Interrupted::Status(status)))
-                    if status.code() == Code::NotFound && operation.is_some() =>
+                    if status.code() == Code::NotFound && abandon.operation.is_some() =>
                 {
                     // The server forgot the operation (restarted, or expired it): execute again.
-                    operation = None;
+                    abandon.operation = None;
                     Status::unavailable(format!(
                         "the server no longer knows the operation: {}",
                         status.message()
@@ -165,6 +177,51 @@ impl Client {
                 return Err(inner.fail(rpc, &status, &attempts));
             }
         }
+    }
+}
+
+/// Sends CancelOperation for an operation whose Execute was abandoned (the future dropped: the link
+/// failed or was interrupted), so the cluster stops spending a worker on it. Best effort: the call
+/// runs on a task of its own, and [`Client::settle_cancellations`] lets the run wait for it briefly.
+struct CancelOnDrop {
+    inner: Arc<Inner>,
+    ctx: CallContext,
+    /// The operation in flight, if any.
+    operation: Option<String>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(name) = self.operation.take() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        let ctx = self.ctx.clone();
+        let cancel = async move {
+            let mut client = OperationsClient::new(inner.channel());
+            let request = inner.request(CancelOperationRequest { name }, &ctx, CANCEL_TIMEOUT);
+            // Servers without the Operations service answer UNIMPLEMENTED: nothing more to do.
+            let _ = client.cancel_operation(request).await;
+        };
+        if let Ok(mut pending) = self.inner.cancellations.lock()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            pending.spawn(cancel);
+        }
+    }
+}
+
+/// How long a CancelOperation may take; it must not hold up the end of an interrupted link.
+const CANCEL_TIMEOUT: Duration = Duration::from_millis(500);
+
+impl Client {
+    /// Waits (at most [`CANCEL_TIMEOUT`]) for the CancelOperation calls of abandoned executions.
+    pub async fn settle_cancellations(&self) {
+        let pending = match self.inner.cancellations.lock() {
+            Ok(mut pending) => std::mem::take(&mut *pending),
+            Err(_) => return,
+        };
+        let _ = tokio::time::timeout(CANCEL_TIMEOUT, pending.join_all()).await;
     }
 }
 

@@ -139,6 +139,8 @@ struct Inner {
     execute_timeout: Duration,
     capabilities: ServerCapabilities,
     counters: Counters,
+    /// CancelOperation calls for abandoned executions, still in flight.
+    cancellations: std::sync::Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Client {
@@ -171,6 +173,7 @@ impl Client {
                 high_api_version: (2, 0),
             },
             counters: Counters::default(),
+            cancellations: Default::default(),
         };
         inner.capabilities = inner.read_capabilities().await?;
         Ok(Client {
