@@ -13,15 +13,53 @@ use std::sync::Arc;
 #[derive(Clone, Default)]
 pub struct Isolation {
     hidden: Arc<[CString]>,
+    /// Without root, the mount namespace comes with a user namespace that maps the server's user
+    /// to root inside it: `(uid_map, gid_map)` contents, prepared before any fork.
+    user_maps: Option<Arc<(CString, CString)>>,
+}
+
+/// Writes `contents` to the file `path`; async-signal-safe.
+///
+/// # Safety
+/// Only system calls on NUL-terminated strings that outlive the call.
+unsafe fn write_file(path: &std::ffi::CStr, contents: &std::ffi::CStr) -> bool {
+    // SAFETY: as documented above.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+        if fd < 0 {
+            return false;
+        }
+        let len = contents.to_bytes().len();
+        let written = libc::write(fd, contents.as_ptr().cast(), len);
+        libc::close(fd);
+        usize::try_from(written) == Ok(len)
+    }
 }
 
 /// Runs in the forked child before exec: only async-signal-safe calls, no allocation.
-fn cover(hidden: &[CString]) -> std::io::Result<()> {
+fn cover(hidden: &[CString], user_maps: Option<&(CString, CString)>) -> std::io::Result<()> {
     let fail = || Err(std::io::Error::last_os_error());
     // SAFETY: plain system calls on NUL-terminated strings that outlive the calls.
     unsafe {
-        if libc::unshare(libc::CLONE_NEWNS) != 0 {
-            return fail();
+        match user_maps {
+            None => {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return fail();
+                }
+            }
+            Some((uid_map, gid_map)) => {
+                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                    return fail();
+                }
+                // An unprivileged process may map only its own ids, and gid_map only after
+                // setgroups is denied.
+                if !write_file(c"/proc/self/setgroups", c"deny")
+                    || !write_file(c"/proc/self/uid_map", uid_map)
+                    || !write_file(c"/proc/self/gid_map", gid_map)
+                {
+                    return fail();
+                }
+            }
         }
         // Make every mount private first, so that the tmpfs mounts never propagate to the host.
         let root = c"/";
@@ -73,8 +111,15 @@ impl Isolation {
             }
             hidden.push(CString::new(canonical.as_os_str().as_bytes())?);
         }
+        // SAFETY: getuid/getgid/geteuid cannot fail.
+        let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
+        let user_maps = (euid != 0).then(|| {
+            let map = |id: u32| CString::new(format!("0 {id} 1")).unwrap_or_default();
+            Arc::new((map(uid), map(gid)))
+        });
         let isolation = Self {
             hidden: hidden.into(),
+            user_maps,
         };
         if !isolation.hidden.is_empty() {
             isolation.probe()?;
@@ -86,14 +131,16 @@ impl Isolation {
     fn probe(&self) -> anyhow::Result<()> {
         let mut probe = std::process::Command::new("/bin/sh");
         probe.args(["-c", "exit 0"]);
-        let hidden = self.hidden.clone();
+        let (hidden, user_maps) = (self.hidden.clone(), self.user_maps.clone());
         // SAFETY: `cover` only makes system calls, as a pre_exec hook must.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut probe, move || cover(&hidden));
+            std::os::unix::process::CommandExt::pre_exec(&mut probe, move || {
+                cover(&hidden, user_maps.as_deref())
+            });
         }
         let status = probe.status().context(
-            "--hide needs a private mount namespace per action (unshare(CLONE_NEWNS) and mount, \
-             usually root or CAP_SYS_ADMIN), which this system refused",
+            "--hide needs a private mount namespace per action (unshare(CLONE_NEWNS) and mount as \
+             root, or inside an unprivileged user namespace otherwise), which this system refused",
         )?;
         if !status.success() {
             bail!("--hide: the isolation probe exited with {status}");
@@ -106,10 +153,10 @@ impl Isolation {
         if self.hidden.is_empty() {
             return;
         }
-        let hidden = self.hidden.clone();
+        let (hidden, user_maps) = (self.hidden.clone(), self.user_maps.clone());
         // SAFETY: `cover` only makes system calls, as a pre_exec hook must.
         unsafe {
-            command.pre_exec(move || cover(&hidden));
+            command.pre_exec(move || cover(&hidden, user_maps.as_deref()));
         }
     }
 }
