@@ -6,22 +6,17 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-/// Writes a job file of `jobs` jobs whose compiler (a script) writes half an object and sleeps.
-fn hanging_link(dir: &Path, jobs: usize) -> std::path::PathBuf {
-    let compiler = dir.join("slow compiler.sh");
-    // `-o` is followed by the (staged) output path: write part of it, then hang like a long compile
-    // in a child process. Each records its process group (its own pid) in `groups`.
-    std::fs::write(
-        &compiler,
-        "#!/bin/sh\necho $$ >> groups\nwhile [ \"$1\" != -o ]; do shift; done\nprintf half > \"$2\"\nsleep 30\n",
-    )
-    .unwrap();
+/// Writes the executable script `name` into `dir` and a job file of `jobs` jobs that use it as
+/// their compiler (`m{i}.o -o m{i}.native.o`); returns the job file.
+fn job_file_with_compiler(dir: &Path, name: &str, script: &str, jobs: usize) -> PathBuf {
+    let compiler = dir.join(name);
+    std::fs::write(&compiler, script).unwrap();
     std::fs::set_permissions(
         &compiler,
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -34,8 +29,8 @@ fn hanging_link(dir: &Path, jobs: usize) -> std::path::PathBuf {
         }
         list.push(
             json!({"args": [format!("m{i}.o"), "-o", format!("m{i}.native.o")],
-                         "inputs": [format!("m{i}.o"), format!("m{i}.bc")],
-                         "outputs": [format!("m{i}.native.o")]}),
+                   "inputs": [format!("m{i}.o"), format!("m{i}.bc")],
+                   "outputs": [format!("m{i}.native.o")]}),
         );
     }
     let file = dir.join("app.1.dist-file.json");
@@ -45,19 +40,63 @@ fn hanging_link(dir: &Path, jobs: usize) -> std::path::PathBuf {
     file
 }
 
-fn interrupt_with(signal: i32, expected_status: i32) {
-    let dir = tempfile::tempdir().unwrap();
-    let job_file = hanging_link(dir.path(), 3);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
-        .arg("--jobs=2")
-        .arg(&job_file)
-        .current_dir(dir.path())
+/// A job file of `jobs` jobs whose compiler writes half an object and sleeps.
+fn hanging_link(dir: &Path, jobs: usize) -> PathBuf {
+    // `-o` is followed by the (staged) output path: write part of it, then hang like a long compile
+    // in a child process. Each records its process group (its own pid) in `groups`.
+    let script = "#!/bin/sh\necho $$ >> groups\nwhile [ \"$1\" != -o ]; do shift; done\nprintf half > \"$2\"\nsleep 30\n";
+    job_file_with_compiler(dir, "slow compiler.sh", script, jobs)
+}
+
+/// Starts dtlto-reapi in `dir` with `args`, its stderr captured.
+fn spawn_distributor(dir: &Path, args: &[String]) -> Child {
+    Command::new(common::distributor())
+        .args(args)
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Sends `signal` to `child` and waits for it: its exit status, how long that took, its stderr.
+fn signal_and_wait(mut child: Child, signal: i32) -> (ExitStatus, Duration, String) {
+    let sent = Instant::now();
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let status = child.wait().unwrap();
+    let took = sent.elapsed();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status, took, stderr)
+}
+
+/// Polls `done` every 20 ms for at most `limit`; returns whether it became true.
+fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Whether kill(2) finds its target: the process `pid`, or with `-group` any process of `group`.
+fn exists(pid_or_negated_group: i32) -> bool {
+    // SAFETY: signal 0 only checks whether the target exists.
+    unsafe { libc::kill(pid_or_negated_group, 0) == 0 }
+}
+
+fn interrupt_with(signal: i32, expected_status: i32) {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = hanging_link(dir.path(), 3);
+    let child = spawn_distributor(
+        dir.path(),
+        &["--jobs=2".to_owned(), job_file.display().to_string()],
+    );
     // Wait until both running compiles have written their partial outputs.
-    let deadline = Instant::now() + Duration::from_secs(20);
     let partial = || {
         std::fs::read_dir(dir.path())
             .unwrap()
@@ -70,17 +109,11 @@ fn interrupt_with(signal: i32, expected_status: i32) {
             })
             .count()
     };
-    while partial() < 2 {
-        assert!(Instant::now() < deadline, "the compiles never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let sent = Instant::now();
-    // SAFETY: kill(2) on our own child, which has not been waited for.
-    unsafe { libc::kill(child.id() as i32, signal) };
-    let status = child.wait().unwrap();
-    let took = sent.elapsed();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || partial() >= 2),
+        "the compiles never started"
+    );
+    let (status, took, stderr) = signal_and_wait(child, signal);
     assert!(took < Duration::from_secs(2), "took {took:?} to exit");
     assert_eq!(status.code(), Some(expected_status), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
@@ -91,18 +124,15 @@ fn interrupt_with(signal: i32, expected_status: i32) {
         .collect();
     left.sort();
     assert!(left.is_empty(), "outputs left behind: {left:?}");
-    // No compile, nor anything it started, outlives the distributor.
+    // No compile, nor anything it started, outlives the distributor. (Killed orphans are reaped
+    // by init shortly after; allow it a moment.)
     let groups = std::fs::read_to_string(dir.path().join("groups")).unwrap();
     for group in groups.split_whitespace() {
         let group: i32 = group.parse().unwrap();
-        // Killed orphans are reaped by init shortly after; allow it a moment.
-        // SAFETY: signal 0 only checks whether any process of the group exists.
-        let alive = || unsafe { libc::kill(-group, 0) } == 0;
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(!alive(), "processes of compile group {group} still run");
+        assert!(
+            eventually(Duration::from_secs(2), || !exists(-group)),
+            "processes of compile group {group} still run"
+        );
     }
 }
 
@@ -122,22 +152,15 @@ fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
     let job_file = hanging_link(dir.path(), 1);
     // Every RPC of this server takes 20 s: the client is still reading its capabilities.
     let server = common::Server::start(["--fault-delay-ms=20000"]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
-        .arg(format!("--remote={}", server.url()))
-        .arg(&job_file)
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_distributor(
+        dir.path(),
+        &[
+            format!("--remote={}", server.url()),
+            job_file.display().to_string(),
+        ],
+    );
     std::thread::sleep(Duration::from_millis(500));
-    let sent = Instant::now();
-    // SAFETY: kill(2) on our own child, which has not been waited for.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    let took = sent.elapsed();
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let (status, took, stderr) = signal_and_wait(child, libc::SIGTERM);
     assert!(
         took < Duration::from_secs(2),
         "took {took:?} to exit: {stderr}"
@@ -152,62 +175,35 @@ fn an_interrupted_remote_link_cancels_its_operations_on_the_cluster() {
     // The "compiler" runs on the server's worker: it records its pid where the test can see it,
     // then works for 30 s.
     let pids = dir.path().join("remote pids");
-    let compiler = dir.path().join("slow remote compiler.sh");
-    std::fs::write(
-        &compiler,
-        format!(
-            "#!/bin/sh\necho $$ >> '{}'\nexec sleep 30\n",
-            pids.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &compiler,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    for name in ["m.o", "m.bc"] {
-        std::fs::write(dir.path().join(name), b"x").unwrap();
-    }
-    let job_file = dir.path().join("app.1.dist-file.json");
-    let jobs = json!({"common": {"linker_output": "app", "args": [compiler]},
-        "jobs": [{"args": ["m.o", "-o", "m.native.o"], "inputs": ["m.o", "m.bc"],
-                  "outputs": ["m.native.o"]}]});
-    std::fs::write(&job_file, jobs.to_string()).unwrap();
+    let script = format!(
+        "#!/bin/sh\necho $$ >> '{}'\nexec sleep 30\n",
+        pids.display()
+    );
+    let job_file = job_file_with_compiler(dir.path(), "slow remote compiler.sh", &script, 1);
 
     let server = common::Server::start(Vec::<String>::new());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
-        .arg(format!("--remote={}", server.url()))
-        .arg(&job_file)
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !pids.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the remote compile never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = spawn_distributor(
+        dir.path(),
+        &[
+            format!("--remote={}", server.url()),
+            job_file.display().to_string(),
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || pids.exists()),
+        "the remote compile never started"
+    );
     let pid: i32 = std::fs::read_to_string(&pids)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    // SAFETY: kill(2) on our own child, which has not been waited for.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM));
+    let (status, _, stderr) = signal_and_wait(child, libc::SIGTERM);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
 
     // The server heard the CancelOperation and stopped the action.
-    // SAFETY: signal 0 only checks whether the process exists.
-    let alive = || unsafe { libc::kill(pid, 0) } == 0;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!alive(), "the abandoned action still runs on the server");
+    assert!(
+        eventually(Duration::from_secs(5), || !exists(pid)),
+        "the abandoned action still runs on the server"
+    );
 }
