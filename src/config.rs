@@ -12,109 +12,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
-use crate::cli::SettingsArgs;
-use crate::plan::layout::LayoutKind;
-
-/// Where the backend compiles run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Processes on this machine.
-    Local,
-    /// Actions on a REAPI cluster.
-    Remote,
-    /// Local processes, results shared through a REAPI cache.
-    CacheOnly,
-}
-
-/// The effective settings, defaults applied.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Settings {
-    pub mode: Mode,
-    pub jobs: usize,
-    pub keep_going: bool,
-    pub quiet: bool,
-    pub verbose: bool,
-    pub stats_json: Option<PathBuf>,
-    pub remote: Option<String>,
-    pub instance_name: String,
-    pub remote_header: Vec<String>,
-    pub tls_ca_cert: Option<PathBuf>,
-    pub tls_client_cert: Option<PathBuf>,
-    pub tls_client_key: Option<PathBuf>,
-    pub platform: Vec<String>,
-    pub remote_compiler: Option<String>,
-    pub remote_jobs: usize,
-    pub remote_timeout: u64,
-    pub remote_retries: u32,
-    pub local_fallback: bool,
-    pub invocation_id: Option<String>,
-    pub layout: LayoutKind,
-    pub remote_upload: bool,
-    pub disk_cache: Option<PathBuf>,
-    pub disk_cache_max_size: u64,
-}
-
-impl Settings {
-    fn with_defaults(layers: SettingsArgs) -> Result<Settings> {
-        let default_mode = if layers.remote.is_some() {
-            Mode::Remote
-        } else {
-            Mode::Local
-        };
-        Ok(Settings {
-            mode: layers.mode.unwrap_or(default_mode),
-            jobs: layers
-                .jobs
-                .filter(|&n| n > 0)
-                .unwrap_or_else(available_cores),
-            keep_going: layers.keep_going.unwrap_or(false),
-            quiet: layers.quiet.unwrap_or(false),
-            verbose: layers.verbose.unwrap_or(false),
-            stats_json: layers.stats_json,
-            remote: layers.remote,
-            instance_name: layers.instance_name.unwrap_or_default(),
-            remote_header: layers.remote_header.unwrap_or_default(),
-            tls_ca_cert: layers.tls_ca_cert,
-            tls_client_cert: layers.tls_client_cert,
-            tls_client_key: layers.tls_client_key,
-            platform: layers.platform.unwrap_or_default(),
-            remote_compiler: layers.remote_compiler,
-            remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
-            remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
-            remote_retries: layers.remote_retries.unwrap_or(5),
-            local_fallback: layers.local_fallback.unwrap_or(true),
-            invocation_id: layers.invocation_id,
-            layout: layers.layout.unwrap_or(LayoutKind::Canonical),
-            remote_upload: layers.remote_upload.unwrap_or(true),
-            disk_cache: match layers.disk_cache {
-                // Given without a directory: the default place.
-                Some(dir) if dir.as_os_str().is_empty() => {
-                    Some(DiskCache::default_dir().context(
-                        "--disk-cache: this system has no user cache directory; give one",
-                    )?)
-                }
-                other => other,
-            },
-            disk_cache_max_size: match layers.disk_cache_max_size {
-                Some(size) => {
-                    parse_size(&size).map_err(|e| anyhow::anyhow!("--disk-cache-max-size: {e}"))?
-                }
-                None => DEFAULT_MAX_BYTES,
-            },
-        })
-    }
-}
-
-/// The number of cores this process may use.
-pub fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
+use crate::settings::{Settings, SettingsArgs};
 
 /// Where one setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,6 +177,7 @@ fn redact_header(header: &str) -> String {
 mod tests {
     use super::*;
     use crate::cli::{Cli, Command};
+    use crate::settings::Mode;
     use clap::{CommandFactory, FromArgMatches};
 
     /// Parses `argv` like the binary does, with `config_file` as the config file.

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Mode, Settings};
 use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext, Runner};
 use crate::jobs::JobFile;
 use crate::reapi::ReapiError;
 use crate::report::Reporter;
+use crate::settings::{Mode, Settings};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
 pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {

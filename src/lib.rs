@@ -18,3 +18,4 @@ pub mod plan;
 pub mod reapi;
 pub mod report;
 pub mod server;
+pub mod settings;

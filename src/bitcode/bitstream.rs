@@ -738,6 +738,27 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// What a block body holds, in file order.
+pub(crate) enum BodyItem {
+    /// An abbreviation definition, copied verbatim when the body is re-emitted.
+    Define {
+        bits: Range<u64>,
+        abbrev: Abbrev,
+    },
+    Record {
+        at: u64,
+        record: Record,
+    },
+}
+
+/// What a re-emitted block body is made of, in order.
+pub(crate) enum Emit<'a> {
+    /// An abbreviation definition of the original body, copied.
+    Define(&'a Range<u64>, &'a Abbrev),
+    /// A record (its code, then its operands), with the smallest abbreviation in scope that fits it.
+    Record(Vec<u64>),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use super::bitstream::{
-    self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, Cursor, Item, Record,
+    self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, BodyItem, Cursor, Emit, Item, Record,
 };
 use super::container::{self, WRAPPER_SIZE_AT};
 use super::{BitcodeError, ModuleEntry, summary};
@@ -26,19 +26,6 @@ const GLOBALVAL_SUMMARY_BLOCK_ID: u64 = 20;
 const MST_CODE_ENTRY: u64 = 1;
 /// `[five 32-bit words]`: the hash of the module named by the ENTRY just before.
 const MST_CODE_HASH: u64 = 2;
-
-/// What a block body holds, in file order.
-pub(crate) enum BodyItem {
-    /// An abbreviation definition, copied verbatim when the body is re-emitted.
-    Define {
-        bits: Range<u64>,
-        abbrev: Abbrev,
-    },
-    Record {
-        at: u64,
-        record: Record,
-    },
-}
 
 /// One block whose body may be re-emitted.
 pub(crate) struct Block {
@@ -213,14 +200,6 @@ fn scan(bytes: &[u8], summaries: bool) -> Result<Shard, BitcodeError> {
 
 pub(crate) fn shard_modules(bytes: &[u8]) -> Result<Vec<ModuleEntry>, BitcodeError> {
     Ok(scan(bytes, false)?.entries)
-}
-
-/// What a re-emitted block body is made of, in order.
-pub(crate) enum Emit<'a> {
-    /// An abbreviation definition of the original body, copied.
-    Define(&'a Range<u64>, &'a Abbrev),
-    /// A record (its code, then its operands), with the smallest abbreviation in scope that fits it.
-    Record(Vec<u64>),
 }
 
 /// The new body of `block`: `emits`, then END_BLOCK.

@@ -20,8 +20,7 @@
 use std::collections::HashMap;
 
 use super::BitcodeError;
-use super::bitstream::{malformed, unsupported};
-use super::shard::{BodyItem, Emit};
+use super::bitstream::{BodyItem, Emit, malformed, unsupported};
 
 const FS_COMBINED: u64 = 4;
 const FS_COMBINED_PROFILE: u64 = 5;

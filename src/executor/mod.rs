@@ -5,7 +5,6 @@
 //! the remote executor (`remote`), local compiles (`local`) — as the settings ask.
 
 pub mod local;
-pub mod planner;
 pub mod remote;
 
 use std::sync::Arc;
@@ -20,13 +19,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::DiskCache;
-use crate::config::Settings;
 use crate::jobs::{Job, JobFile};
 use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
+use crate::plan::planner::Planner;
 use crate::reapi::{self, Digest, TransferStats};
 use crate::report::{JobRecord, Ran, Reporter, Status};
-use planner::Planner;
+use crate::settings::Settings;
 use remote::RemoteExecutor;
 
 /// What every job of a run shares; cheap to clone (every job's task holds one).
@@ -51,6 +50,16 @@ where
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut tasks = JoinSet::new();
     let mut succeeded = true;
+    // Ordering stats every module: blocking work.
+    let job_file = ctx.job_file.clone();
+    let jobs = match tokio::task::spawn_blocking(move || biggest_first(&job_file.jobs)).await {
+        Ok(jobs) => jobs,
+        Err(e) => {
+            ctx.reporter
+                .error(&format!("internal error: ordering the jobs failed: {e}"));
+            return false;
+        }
+    };
     let mut finish = |joined: Result<JobRecord, tokio::task::JoinError>| match joined {
         Ok(record) => {
             succeeded &= record.status == Status::Succeeded;
@@ -62,7 +71,7 @@ where
                 .error(&format!("internal error: a job's task failed: {e}"));
         }
     };
-    for job in biggest_first(&ctx.job_file.jobs) {
+    for job in jobs {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
         };
@@ -170,9 +179,9 @@ impl LocalRunner {
 /// (a remote, the disk cache), looked up in the disk cache first, then run remotely or locally,
 /// and stored in the disk cache after success.
 pub struct Runner {
-    planner: Option<Planner>,
+    planner: Option<Arc<Planner>>,
     remote: Option<RemoteExecutor>,
-    disk: Option<DiskCache>,
+    disk: Option<Arc<DiskCache>>,
     local: LocalRunner,
 }
 
@@ -191,14 +200,15 @@ impl Runner {
                 let disk = tokio::task::spawn_blocking(move || DiskCache::open(&path, max))
                     .await?
                     .with_context(|| format!("opening the disk cache {}", dir.display()))?;
-                Some(disk)
+                Some(Arc::new(disk))
             }
         };
         let planner = if remote.is_some() || disk.is_some() {
             let legacy = remote
                 .as_ref()
                 .is_some_and(RemoteExecutor::legacy_output_files);
-            Some(Planner::new(ctx, settings, legacy).await?)
+            let planner = Planner::new(ctx.job_file.clone(), settings, legacy).await?;
+            Some(Arc::new(planner))
         } else {
             None
         };
@@ -230,9 +240,45 @@ impl Runner {
     /// Runs one job.
     pub async fn run_job(&self, ctx: &RunContext, job: Job) -> JobRecord {
         let started = Instant::now();
-        let spec = self.planner.as_ref().and_then(|planner| {
+        let Some(spec) = self.plan(ctx, &job).await else {
+            return self.local.run(ctx, job).await.0;
+        };
+        let spec = Arc::new(spec);
+        ctx.reporter.verbose(|| {
+            format!(
+                "{}: action {}",
+                job.label(),
+                reapi::digest::display(&spec.action_digest)
+            )
+        });
+        let mut record = match self.disk_hit(ctx, &job, &spec, started).await {
+            Some(record) => record,
+            None => {
+                let (record, output) = match &self.remote {
+                    Some(remote) => remote.run(ctx, job, &spec, &self.local, started).await,
+                    None => self.local.run(ctx, job).await,
+                };
+                if record.status == Status::Succeeded {
+                    self.store_on_disk(ctx, &spec, output).await;
+                }
+                record
+            }
+        };
+        record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
+        record.layout = Some(spec.layout);
+        record
+    }
+
+    /// The job's Action, planned on the blocking pool (it reads and rewrites the index shard), or
+    /// None (with one warning per cause) when the job cannot be expressed as one or nothing keys
+    /// results by Actions.
+    async fn plan(&self, ctx: &RunContext, job: &Job) -> Option<ActionSpec> {
+        let planner = self.planner.clone()?;
+        let (ctx, job) = (ctx.clone(), job.clone());
+        let planned = tokio::task::spawn_blocking(move || {
+            let warn_once = |cause: &'static str, text: &str| ctx.reporter.warn_once(cause, text);
             planner
-                .plan(ctx, &job)
+                .plan(&ctx.job_file, &job, &warn_once)
                 .map_err(|e| {
                     let detail = format!(
                         "{}: {}; such jobs run locally, uncached",
@@ -243,49 +289,25 @@ impl Runner {
                 })
                 .ok()
         });
-        let Some(spec) = spec else {
-            return self.local.run(ctx, job).await.0;
-        };
-        ctx.reporter.verbose(|| {
-            format!(
-                "{}: action {}",
-                job.label(),
-                reapi::digest::display(&spec.action_digest)
-            )
-        });
-        let mut record = match self.disk_hit(ctx, &job, &spec, started) {
-            Some(record) => record,
-            None => {
-                let (record, output) = match &self.remote {
-                    Some(remote) => remote.run(ctx, job, &spec, &self.local, started).await,
-                    None => self.local.run(ctx, job).await,
-                };
-                if record.status == Status::Succeeded {
-                    self.store_on_disk(ctx, &spec, &output);
-                }
-                record
-            }
-        };
-        record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
-        record.layout = Some(spec.layout);
-        record
+        planned.await.ok().flatten()
     }
 
     /// The job's outputs from the disk cache, if it has them all.
-    fn disk_hit(
+    async fn disk_hit(
         &self,
         ctx: &RunContext,
         job: &Job,
-        spec: &ActionSpec,
+        spec: &Arc<ActionSpec>,
         started: Instant,
     ) -> Option<JobRecord> {
-        let disk = self.disk.as_ref()?;
-        tokio::task::block_in_place(|| {
+        let disk = self.disk.clone()?;
+        let (ctx, job, spec) = (ctx.clone(), job.clone(), spec.clone());
+        let hit = tokio::task::spawn_blocking(move || {
             let result = disk.get_action_result(&spec.action_digest).ok()??;
             if result.exit_code != 0 {
                 return None;
             }
-            let staged = StagedOutputs::new(job);
+            let staged = StagedOutputs::new(&job);
             for (name, local) in &spec.outputs {
                 let file = result.output_files.iter().find(|f| f.path == *name)?;
                 let target = staged.staged_path_of(local)?;
@@ -294,30 +316,38 @@ impl Runner {
                 }
             }
             staged.commit().ok()?;
-            ctx.reporter.diagnostics(job, &result.stderr_raw, false);
+            ctx.reporter.diagnostics(&job, &result.stderr_raw, false);
             let mut record =
-                JobRecord::new(job, Status::Succeeded, Ran::DiskCache, started.elapsed());
+                JobRecord::new(&job, Status::Succeeded, Ran::DiskCache, started.elapsed());
             record.exit_code = Some(0);
             Some(record)
-        })
+        });
+        hit.await.ok().flatten()
     }
 
     /// Stores a successful job's outputs (now in place) and compiler output in the disk cache.
-    fn store_on_disk(&self, ctx: &RunContext, spec: &ActionSpec, output: &[u8]) {
-        let Some(disk) = &self.disk else { return };
-        let stored = tokio::task::block_in_place(|| -> std::io::Result<()> {
+    async fn store_on_disk(&self, ctx: &RunContext, spec: &Arc<ActionSpec>, output: Vec<u8>) {
+        let Some(disk) = self.disk.clone() else {
+            return;
+        };
+        let spec = spec.clone();
+        let dir = disk.dir().to_owned();
+        let stored = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             let mut outputs = Vec::with_capacity(spec.outputs.len());
             for (name, local) in &spec.outputs {
                 outputs.push((name.clone(), disk.store_file(local)?));
             }
             let mut result = local_action_result(outputs);
-            result.stderr_raw = output.to_vec();
+            result.stderr_raw = output;
             disk.put_action_result(&spec.action_digest, &result)
         });
+        let stored = stored
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         if let Err(e) = stored {
             let text = format!(
                 "cannot store results in the disk cache {}: {e}",
-                disk.dir().display()
+                dir.display()
             );
             ctx.reporter.warn_once("disk-cache-store", &text);
         }
@@ -329,11 +359,13 @@ impl Runner {
         if let Some(remote) = &self.remote {
             remote.client().settle_cancellations().await;
         }
-        if let Some(disk) = &self.disk
-            && let Err(e) = tokio::task::block_in_place(|| disk.trim())
-        {
-            let text = format!("cannot trim the disk cache {}: {e}", disk.dir().display());
-            ctx.reporter.warn_once("disk-cache-trim", &text);
+        if let Some(disk) = self.disk.clone() {
+            let dir = disk.dir().to_owned();
+            let trimmed = tokio::task::spawn_blocking(move || disk.trim()).await;
+            if let Err(e) = trimmed.unwrap_or_else(|e| Err(std::io::Error::other(e))) {
+                let text = format!("cannot trim the disk cache {}: {e}", dir.display());
+                ctx.reporter.warn_once("disk-cache-trim", &text);
+            }
         }
     }
 }

@@ -18,7 +18,6 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 use bazel_remote_apis::google::protobuf::Timestamp;
 
 use super::{LocalRunner, RunContext, local_action_result};
-use crate::config::{Mode, Settings};
 use crate::jobs::Job;
 use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
@@ -26,6 +25,7 @@ use crate::reapi::{
     self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
+use crate::settings::{Mode, Settings};
 
 /// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {

@@ -6,3 +6,4 @@ pub mod args;
 pub mod digests;
 pub mod layout;
 pub mod merkle;
+pub mod planner;

@@ -3,18 +3,23 @@
 //!
 //! The planner hashes every input of the link once, up front, then per job chooses a layout
 //! (canonical when asked for and possible, else mirror, with one warning per cause) and builds the
-//! Action. A job that cannot be expressed as an Action at all runs locally, uncached.
+//! Action. A job that cannot be expressed as an Action at all runs locally, uncached. Planning reads
+//! and rewrites files (index shards), so it is blocking work: callers run it on the blocking pool.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 
-use super::RunContext;
-use crate::config::Settings;
-use crate::jobs::Job;
-use crate::plan::action::{self, ActionOptions, ActionSpec};
-use crate::plan::digests::FileDigests;
-use crate::plan::layout::{self, LayoutKind, NotRemotable};
+use super::action::{self, ActionOptions, ActionSpec};
+use super::digests::FileDigests;
+use super::layout::{self, LayoutKind, NotRemotable};
+use crate::jobs::{Job, JobFile};
+use crate::settings::Settings;
+
+/// Receives a warning that applies to every job with the same cause (`cause`, `text`); the reporter
+/// shows each cause once.
+pub type WarnOnce<'a> = &'a dyn Fn(&'static str, &str);
 
 /// What every job's planning shares.
 pub struct Planner {
@@ -28,12 +33,11 @@ impl Planner {
     /// Hashes every input file of the link (on blocking threads, `--jobs` at once).
     /// `legacy_output_files` is for servers older than REAPI 2.1.
     pub async fn new(
-        ctx: &RunContext,
+        job_file: Arc<JobFile>,
         settings: &Settings,
         legacy_output_files: bool,
     ) -> Result<Planner> {
         let platform = platform_properties(settings)?;
-        let job_file = ctx.job_file.clone();
         let threads = settings.jobs;
         let digests = tokio::task::spawn_blocking(move || {
             let paths = job_file
@@ -59,9 +63,14 @@ impl Planner {
     }
 
     /// The Action of `job`, or why it has none.
-    pub fn plan(&self, ctx: &RunContext, job: &Job) -> Result<ActionSpec, NotRemotable> {
-        let layout = self.layout(ctx, job)?;
-        action::build(&ctx.job_file, job, layout, &self.digests, &self.options).map_err(|e| {
+    pub fn plan(
+        &self,
+        job_file: &JobFile,
+        job: &Job,
+        warn_once: WarnOnce<'_>,
+    ) -> Result<ActionSpec, NotRemotable> {
+        let layout = self.layout(job_file, job, warn_once)?;
+        action::build(job_file, job, layout, &self.digests, &self.options).map_err(|e| {
             NotRemotable {
                 cause: "planning",
                 detail: format!("cannot plan the action: {e}"),
@@ -70,11 +79,16 @@ impl Planner {
     }
 
     /// Canonical when asked for and possible, else mirror.
-    fn layout(&self, ctx: &RunContext, job: &Job) -> Result<layout::Layout, NotRemotable> {
+    fn layout(
+        &self,
+        job_file: &JobFile,
+        job: &Job,
+        warn_once: WarnOnce<'_>,
+    ) -> Result<layout::Layout, NotRemotable> {
         if self.layout == LayoutKind::Canonical {
-            match layout::canonical(&ctx.job_file, job, &self.digests) {
+            match layout::canonical(job_file, job, &self.digests) {
                 Ok(layout) => return Ok(layout),
-                Err(e) => ctx.reporter.warn_once(
+                Err(e) => warn_once(
                     e.cause,
                     &format!(
                         "{}: {}; such jobs use the mirror layout",
@@ -84,7 +98,7 @@ impl Planner {
                 ),
             }
         }
-        layout::mirror(&ctx.job_file, job, &self.cwd)
+        layout::mirror(job_file, job, &self.cwd)
     }
 }
 

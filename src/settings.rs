@@ -1,0 +1,255 @@
+//! The settings of a link: the options every command that links or talks to a cluster takes, as
+//! [`SettingsArgs`] (each an `Option` without a default, as the command line, the environment and the
+//! config file give them) and as the effective [`Settings`] (defaults applied).
+//!
+//! Every setting is an `Option` in [`SettingsArgs`]: `config` layers the command line (and the
+//! `DTLTO_REAPI_*` environment, which clap reads) over the config file and only then applies defaults,
+//! so "not given" must stay distinguishable from "given as the default value". Boolean settings take
+//! `--flag` or `--flag=false`, because `-Xthinlto-distributor=` can only pass single arguments.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use clap::builder::BoolishValueParser;
+use serde::{Deserialize, Serialize};
+
+use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
+use crate::plan::layout::LayoutKind;
+
+/// Where the backend compiles run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Processes on this machine.
+    Local,
+    /// Actions on a REAPI cluster.
+    Remote,
+    /// Local processes, results shared through a REAPI cache.
+    CacheOnly,
+}
+
+/// The effective settings, defaults applied.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Settings {
+    pub mode: Mode,
+    pub jobs: usize,
+    pub keep_going: bool,
+    pub quiet: bool,
+    pub verbose: bool,
+    pub stats_json: Option<PathBuf>,
+    pub remote: Option<String>,
+    pub instance_name: String,
+    pub remote_header: Vec<String>,
+    pub tls_ca_cert: Option<PathBuf>,
+    pub tls_client_cert: Option<PathBuf>,
+    pub tls_client_key: Option<PathBuf>,
+    pub platform: Vec<String>,
+    pub remote_compiler: Option<String>,
+    pub remote_jobs: usize,
+    pub remote_timeout: u64,
+    pub remote_retries: u32,
+    pub local_fallback: bool,
+    pub invocation_id: Option<String>,
+    pub layout: LayoutKind,
+    pub remote_upload: bool,
+    pub disk_cache: Option<PathBuf>,
+    pub disk_cache_max_size: u64,
+}
+
+impl Settings {
+    pub(crate) fn with_defaults(layers: SettingsArgs) -> Result<Settings> {
+        let default_mode = if layers.remote.is_some() {
+            Mode::Remote
+        } else {
+            Mode::Local
+        };
+        Ok(Settings {
+            mode: layers.mode.unwrap_or(default_mode),
+            jobs: layers
+                .jobs
+                .filter(|&n| n > 0)
+                .unwrap_or_else(available_cores),
+            keep_going: layers.keep_going.unwrap_or(false),
+            quiet: layers.quiet.unwrap_or(false),
+            verbose: layers.verbose.unwrap_or(false),
+            stats_json: layers.stats_json,
+            remote: layers.remote,
+            instance_name: layers.instance_name.unwrap_or_default(),
+            remote_header: layers.remote_header.unwrap_or_default(),
+            tls_ca_cert: layers.tls_ca_cert,
+            tls_client_cert: layers.tls_client_cert,
+            tls_client_key: layers.tls_client_key,
+            platform: layers.platform.unwrap_or_default(),
+            remote_compiler: layers.remote_compiler,
+            remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
+            remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
+            remote_retries: layers.remote_retries.unwrap_or(5),
+            local_fallback: layers.local_fallback.unwrap_or(true),
+            invocation_id: layers.invocation_id,
+            layout: layers.layout.unwrap_or(LayoutKind::Canonical),
+            remote_upload: layers.remote_upload.unwrap_or(true),
+            disk_cache: match layers.disk_cache {
+                // Given without a directory: the default place.
+                Some(dir) if dir.as_os_str().is_empty() => {
+                    Some(DiskCache::default_dir().context(
+                        "--disk-cache: this system has no user cache directory; give one",
+                    )?)
+                }
+                other => other,
+            },
+            disk_cache_max_size: match layers.disk_cache_max_size {
+                Some(size) => {
+                    parse_size(&size).map_err(|e| anyhow::anyhow!("--disk-cache-max-size: {e}"))?
+                }
+                None => DEFAULT_MAX_BYTES,
+            },
+        })
+    }
+}
+
+/// The number of cores this process may use.
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The settings that the command line, the environment and the config file can all give. Field
+/// names, long options, environment variables and config keys correspond: `remote_jobs`,
+/// `--remote-jobs`, `DTLTO_REAPI_REMOTE_JOBS`, `remote-jobs`.
+#[derive(Debug, Clone, Default, Args, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct SettingsArgs {
+    /// Config file to read [default: dtlto-reapi.toml in the working directory or a parent, else
+    /// <user config dir>/dtlto-reapi/config.toml]
+    #[arg(long, env = "DTLTO_REAPI_CONFIG", value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// Where jobs run: local, remote or cache-only [default: remote when --remote is set, else local]
+    #[arg(long, env = "DTLTO_REAPI_MODE", value_name = "MODE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+
+    /// Local compiles at once [default: available cores]
+    #[arg(long, short = 'j', env = "DTLTO_REAPI_JOBS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<usize>,
+
+    /// Keep running the other jobs after one fails [default: false]
+    #[arg(long, env = "DTLTO_REAPI_KEEP_GOING", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_going: Option<bool>,
+
+    /// Print nothing but errors [default: false]
+    #[arg(long, short = 'q', env = "DTLTO_REAPI_QUIET", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiet: Option<bool>,
+
+    /// Print each job's command and where it ran [default: false]
+    #[arg(long, short = 'v', env = "DTLTO_REAPI_VERBOSE", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verbose: Option<bool>,
+
+    /// Write one JSON record per job (module, outputs, times, exit status, where it ran) to FILE
+    #[arg(long, env = "DTLTO_REAPI_STATS_JSON", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_json: Option<PathBuf>,
+
+    /// REAPI server: grpc://HOST:PORT, grpcs://HOST:PORT (TLS) or unix:///PATH
+    #[arg(long, env = "DTLTO_REAPI_REMOTE", value_name = "URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+
+    /// REAPI instance name [default: none]
+    #[arg(long, env = "DTLTO_REAPI_INSTANCE_NAME", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_name: Option<String>,
+
+    /// Header sent with every call, e.g. x-buildbuddy-api-key=env:BUILDBUDDY_API_KEY; a VALUE of
+    /// env:VAR is read from the environment (repeatable)
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_HEADER", value_name = "NAME=VALUE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_header: Option<Vec<String>>,
+
+    /// PEM file of the CA certificates that sign the server's certificate [default: system roots]
+    #[arg(long, env = "DTLTO_REAPI_TLS_CA_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_cert: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (with --tls-client-key)
+    #[arg(long, env = "DTLTO_REAPI_TLS_CLIENT_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_cert: Option<PathBuf>,
+
+    /// PEM private key for mutual TLS (with --tls-client-cert)
+    #[arg(long, env = "DTLTO_REAPI_TLS_CLIENT_KEY", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_key: Option<PathBuf>,
+
+    /// Platform property of every action, e.g. OSFamily=linux (repeatable)
+    #[arg(long, env = "DTLTO_REAPI_PLATFORM", value_name = "NAME=VALUE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Vec<String>>,
+
+    /// The compiler's path on the workers [default: the local compiler's path, common.args[0]]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_COMPILER", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_compiler: Option<String>,
+
+    /// Remote actions in flight at once [default: 200]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_JOBS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_jobs: Option<usize>,
+
+    /// Deadline of each remote call, in seconds, retries included [default: 60]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_TIMEOUT", value_name = "SECONDS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_timeout: Option<u64>,
+
+    /// Retries of a remote call after a transient failure [default: 5]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_RETRIES", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_retries: Option<u32>,
+
+    /// Run a job locally when the cluster cannot run it [default: true]
+    #[arg(long, env = "DTLTO_REAPI_LOCAL_FALLBACK", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_fallback: Option<bool>,
+
+    /// Identifies the build this link belongs to in the cluster's UI (RequestMetadata's
+    /// correlated_invocations_id) [default: none]
+    #[arg(long, env = "DTLTO_REAPI_INVOCATION_ID", value_name = "ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invocation_id: Option<String>,
+
+    /// Input layout of remote actions: canonical (modules named by content, index shards rewritten)
+    /// or mirror (paths as the link named them) [default: canonical]
+    #[arg(long, env = "DTLTO_REAPI_LAYOUT", value_name = "LAYOUT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layout: Option<crate::plan::layout::LayoutKind>,
+
+    /// In cache-only mode, upload the results of local compiles to the remote cache; false makes it
+    /// read-only (e.g. developer machines with read-only credentials) [default: true]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_UPLOAD", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_upload: Option<bool>,
+
+    /// Local disk cache of compile results, consulted before anything runs and filled after every
+    /// successful job; `--disk-cache` alone uses <user cache dir>/dtlto-reapi/disk-cache [default: off]
+    #[arg(long, env = "DTLTO_REAPI_DISK_CACHE", num_args = 0..=1, require_equals = true,
+          default_missing_value = "", value_name = "DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_cache: Option<PathBuf>,
+
+    /// Size bound of the disk cache, least recently used entries evicted first, e.g. 500M, 20G
+    /// [default: 10G]
+    #[arg(long, env = "DTLTO_REAPI_DISK_CACHE_MAX_SIZE", value_name = "SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_cache_max_size: Option<String>,
+}
