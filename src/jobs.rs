@@ -97,7 +97,7 @@ impl JobFile {
         let value: Value =
             serde_json::from_slice(&text).map_err(|e| fail(format!("not valid JSON: {e}")))?;
         let job_file = JobFile::from_json(path, &value)?;
-        job_file.check_inputs_exist()?;
+        job_file.check_files()?;
         Ok(job_file)
     }
 
@@ -163,7 +163,7 @@ impl JobFile {
             None if root.is_some() => problems.push("missing `jobs`".to_owned()),
             None => {}
         }
-        problems.extend(duplicate_outputs(&jobs));
+        problems.extend(clashing_outputs(&jobs, &common_inputs));
 
         if problems.is_empty() {
             Ok(JobFile {
@@ -181,9 +181,9 @@ impl JobFile {
         }
     }
 
-    /// Every listed input must exist before anything runs: a missing file would otherwise surface as a
-    /// compiler error far from its cause.
-    fn check_inputs_exist(&self) -> Result<(), JobFileError> {
+    /// Every listed input must exist, and no output may be a directory, before anything runs: either
+    /// would otherwise surface as a compiler error (or a failed rename) far from its cause.
+    fn check_files(&self) -> Result<(), JobFileError> {
         let mut problems = Vec::new();
         for input in &self.common_inputs {
             if !input.exists() {
@@ -205,6 +205,15 @@ impl JobFile {
                         "{}: `inputs[{i}]` {} {what}",
                         job.label(),
                         input.display()
+                    ));
+                }
+            }
+            for (i, output) in job.outputs.iter().enumerate() {
+                if output.is_dir() {
+                    problems.push(format!(
+                        "{}: `outputs[{i}]` {} is a directory",
+                        job.label(),
+                        output.display()
                     ));
                 }
             }
@@ -270,8 +279,6 @@ fn parse_job(index: usize, entry: &Value) -> Result<Job, Vec<String>> {
     for (i, output) in outputs.iter().enumerate() {
         if output.is_empty() {
             problems.push(format!("`outputs[{i}]` is an empty path"));
-        } else if inputs.contains(output) {
-            problems.push(format!("`outputs[{i}]` {output} is also an input"));
         }
     }
     if problems.is_empty() {
@@ -317,18 +324,48 @@ fn strings(
         .map(Some)
 }
 
-/// Two jobs writing the same file would race; lld never does this, so it signals a corrupt file.
-fn duplicate_outputs(jobs: &[Job]) -> Vec<String> {
-    let mut seen = std::collections::HashMap::new();
+/// A path as the file system resolves it from the working directory, without following symlinks:
+/// `./x`, `x` and `$PWD/x` are the same file.
+fn normalized(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
+}
+
+/// Outputs that would overwrite another job's output or any job's input (or a `common.inputs` file),
+/// compared after normalisation. Two jobs writing the same file would race, and an output that is
+/// an input destroys what a compile reads; lld never does either, so it signals a corrupt file.
+fn clashing_outputs(jobs: &[Job], common_inputs: &[PathBuf]) -> Vec<String> {
+    let mut inputs = std::collections::HashMap::new();
+    for input in common_inputs {
+        inputs
+            .entry(normalized(input))
+            .or_insert_with(|| "an input of every job (`common.inputs`)".to_owned());
+    }
+    for job in jobs {
+        for input in &job.inputs {
+            inputs
+                .entry(normalized(input))
+                .or_insert_with(|| format!("an input of job {}", job.index));
+        }
+    }
+    let mut outputs = std::collections::HashMap::new();
     let mut problems = Vec::new();
     for job in jobs {
-        for output in &job.outputs {
-            if let Some(first) = seen.insert(output.clone(), job.index) {
-                problems.push(format!(
-                    "{}: output {} is also an output of job {first}",
+        for (i, output) in job.outputs.iter().enumerate() {
+            let key = normalized(output);
+            let clash = match (inputs.get(&key), outputs.get(&key)) {
+                (Some(input), _) => Some(input.clone()),
+                (None, Some(first)) => Some(format!("also an output of job {first}")),
+                (None, None) => None,
+            };
+            match clash {
+                Some(what) => problems.push(format!(
+                    "{}: `outputs[{i}]` {} is {what}",
                     job.label(),
                     output.display()
-                ));
+                )),
+                None => {
+                    outputs.insert(key, job.index);
+                }
             }
         }
     }
@@ -423,7 +460,38 @@ mod tests {
         let p = problems(json!({"common": {"args": ["clang"]}, "jobs": [job.clone(), job]}));
         assert_eq!(
             p,
-            vec!["job 1 (a.o): output same.o is also an output of job 0"]
+            vec!["job 1 (a.o): `outputs[0]` same.o is also an output of job 0"]
+        );
+    }
+
+    #[test]
+    fn outputs_are_compared_after_normalisation() {
+        let cwd = std::env::current_dir().unwrap();
+        let job = |module: &str, output: PathBuf| json!({"args": [], "inputs": [module, format!("{module}.bc")], "outputs": [output]});
+        let file = |jobs: Vec<Value>| {
+            problems(json!({"common": {"args": ["clang"], "inputs": ["prof.data"]}, "jobs": jobs}))
+        };
+        assert_eq!(
+            file(vec![job("a.o", "x.o".into()), job("b.o", "./x.o".into())]),
+            vec!["job 1 (b.o): `outputs[0]` ./x.o is also an output of job 0"]
+        );
+        assert_eq!(
+            file(vec![job("a.o", "x.o".into()), job("b.o", cwd.join("a.o"))]),
+            vec![format!(
+                "job 1 (b.o): `outputs[0]` {} is an input of job 0",
+                cwd.join("a.o").display()
+            )]
+        );
+        assert_eq!(
+            file(vec![job("a.o", "./a.o.bc".into())]),
+            vec!["job 0 (a.o): `outputs[0]` ./a.o.bc is an input of job 0"]
+        );
+        assert_eq!(
+            file(vec![job("a.o", cwd.join("./prof.data"))]),
+            vec![format!(
+                "job 0 (a.o): `outputs[0]` {} is an input of every job (`common.inputs`)",
+                cwd.join("./prof.data").display()
+            )]
         );
     }
 
@@ -460,6 +528,23 @@ mod tests {
         assert_eq!(err.problems.len(), 1);
         assert!(err.problems[0].starts_with(&format!("job 0 ({}): `inputs[1]`", module.display())));
         assert!(err.problems[0].ends_with("gone.bc does not exist"));
+
+        let shard = dir.path().join("m.bc");
+        std::fs::write(&shard, b"x").unwrap();
+        let out_dir = dir.path().join("o.o");
+        std::fs::create_dir(&out_dir).unwrap();
+        let json = json!({"common": {"args": ["clang"]},
+            "jobs": [{"args": [], "inputs": [&module, &shard], "outputs": [&out_dir]}]});
+        std::fs::write(&file, json.to_string()).unwrap();
+        let err = JobFile::load(&file).unwrap_err();
+        assert_eq!(
+            err.problems,
+            vec![format!(
+                "job 0 ({}): `outputs[0]` {} is a directory",
+                module.display(),
+                out_dir.display()
+            )]
+        );
     }
 
     /// Arbitrary JSON, biased towards the job file's own keys so that the fuzzing reaches deep.
