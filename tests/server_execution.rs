@@ -463,3 +463,46 @@ async fn sigterm_cancels_running_actions_and_exits_zero() {
         .expect("the server exits well before the action would have finished");
     assert!(exit.success(), "exit status {exit}");
 }
+
+#[tokio::test]
+async fn actions_run_in_namespaces_of_their_own() {
+    let server = Server::start(&[]).await;
+    let client = std::process::id();
+    // Process 1 of a PID namespace of its own, with its own /proc: the client's process (and so
+    // its working directory through /proc/<pid>/cwd) is out of sight. Its user namespace maps one
+    // user, not the whole id range of the host's.
+    let script = format!(
+        "echo $$; test -e /proc/{client}/cwd && echo sees-the-client; cat /proc/self/uid_map"
+    );
+    let spec = ActionSpec {
+        args: &["/bin/sh", "-c", &script],
+        ..Default::default()
+    };
+    let (_, response) = server.upload_and_execute(&spec).await;
+    let result = response.result.expect("result");
+    let stdout = server.stdout_of(&result).await;
+    let lines: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0], ["1"], "{stdout}");
+    assert_eq!(lines[1][0], "0", "{stdout}");
+    assert_eq!(lines[1][2], "1", "only one user is mapped: {stdout}");
+}
+
+#[tokio::test]
+async fn listens_only_on_loopback_unless_allowed() {
+    for address in ["0.0.0.0:0", "[::]:0"] {
+        let (status, stderr) = refused_start(&["--listen", address]).await;
+        assert!(!status.success(), "{address}");
+        assert!(
+            stderr.contains("not a loopback address") && stderr.contains("--allow-remote-clients"),
+            "{address}: {stderr}"
+        );
+    }
+    let open = Server::start(&["--listen", "0.0.0.0:0", "--allow-remote-clients"]).await;
+    drop(open);
+    let local = Server::start(&["--listen", "localhost:0"]).await;
+    drop(local);
+}

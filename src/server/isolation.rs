@@ -1,7 +1,12 @@
-//! `--hide`: directories that actions must not see. Each action runs in its own mount namespace
-//! in which every hidden directory is covered by an empty read-only tmpfs, so that an absolute
-//! path leaking from the client fails as it would on a real cluster. Namespaces are probed once at
-//! start-up: where they are unavailable, `--hide` is an error rather than silently ignored.
+//! Action isolation. Every action runs in namespaces of its own: a user namespace that maps the
+//! server's user to root inside it (also when the server runs as root, so that an action's
+//! privileges end at its namespace), a PID namespace in which the action is process 1 with a
+//! `/proc` of its own (it cannot see the server's or the client's processes, nor reach their files
+//! through `/proc/<pid>/cwd`), and a private mount namespace in which every `--hide` directory is
+//! covered by an empty read-only tmpfs, so that an absolute path leaking from the client fails as it
+//! would on a real cluster. Namespaces are probed once at start-up: where they are unavailable,
+//! `--hide` is an error rather than silently ignored, and without `--hide` the server warns and runs
+//! actions unisolated.
 
 use anyhow::{Context as _, bail};
 use std::ffi::CString;
@@ -9,12 +14,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The directories to hide, as C strings prepared before any fork.
-#[derive(Clone, Default)]
+/// How actions are isolated; everything prepared before any fork.
+#[derive(Clone)]
 pub struct Isolation {
+    /// The directories to hide, as C strings.
     hidden: Arc<[CString]>,
-    /// Without root, the mount namespace comes with a user namespace that maps the server's user
-    /// to root inside it: `(uid_map, gid_map)` contents, prepared before any fork.
+    /// `(uid_map, gid_map)` contents mapping the server's user and group to root in the action's
+    /// user namespace; `None` when the system refuses namespaces (and nothing is hidden): actions
+    /// then run unisolated.
     user_maps: Option<Arc<(CString, CString)>>,
 }
 
@@ -36,38 +43,48 @@ unsafe fn write_file(path: &std::ffi::CStr, contents: &std::ffi::CStr) -> bool {
     }
 }
 
-/// Runs in the forked child before exec: only async-signal-safe calls, no allocation.
-fn cover(hidden: &[CString], user_maps: Option<&(CString, CString)>) -> std::io::Result<()> {
+/// Runs in the forked child before exec: only async-signal-safe calls, no allocation. Enters new
+/// user, mount and PID namespaces; this process then forks, stays behind to pass on the exit status
+/// ([`relay`]), and its child — process 1 of the new PID namespace — mounts its own `/proc`, covers
+/// the hidden directories and goes on to exec the action.
+fn enter(hidden: &[CString], user_maps: &(CString, CString)) -> std::io::Result<()> {
     let fail = || Err(std::io::Error::last_os_error());
+    let (uid_map, gid_map) = user_maps;
     // SAFETY: plain system calls on NUL-terminated strings that outlive the calls.
     unsafe {
-        match user_maps {
-            None => {
-                if libc::unshare(libc::CLONE_NEWNS) != 0 {
-                    return fail();
-                }
-            }
-            Some((uid_map, gid_map)) => {
-                if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
-                    return fail();
-                }
-                // An unprivileged process may map only its own ids, and gid_map only after
-                // setgroups is denied.
-                if !write_file(c"/proc/self/setgroups", c"deny")
-                    || !write_file(c"/proc/self/uid_map", uid_map)
-                    || !write_file(c"/proc/self/gid_map", gid_map)
-                {
-                    return fail();
-                }
-            }
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0 {
+            return fail();
         }
-        // Make every mount private first, so that the tmpfs mounts never propagate to the host.
-        let root = c"/";
+        // An unprivileged process may map only its own ids, and gid_map only after setgroups is
+        // denied.
+        if !write_file(c"/proc/self/setgroups", c"deny")
+            || !write_file(c"/proc/self/uid_map", uid_map)
+            || !write_file(c"/proc/self/gid_map", gid_map)
+        {
+            return fail();
+        }
+        match libc::fork() {
+            pid if pid < 0 => return fail(),
+            0 => {}
+            pid => relay(pid),
+        }
+        // Make every mount private first, so that no mount here ever propagates to the host.
         if libc::mount(
             std::ptr::null(),
-            root.as_ptr(),
+            c"/".as_ptr(),
             std::ptr::null(),
             libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return fail();
+        }
+        let proc = c"proc";
+        if libc::mount(
+            proc.as_ptr(),
+            c"/proc".as_ptr(),
+            proc.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             std::ptr::null(),
         ) != 0
         {
@@ -91,6 +108,30 @@ fn cover(hidden: &[CString], user_maps: Option<&(CString, CString)>) -> std::io:
     Ok(())
 }
 
+/// The process left outside the action's PID namespace: waits for the action and exits the way it
+/// did, so that the server sees the action's own status. It closes every inherited descriptor first:
+/// the server learns that the action started (or why it could not) from a descriptor that closes on
+/// exec, which this process, never exec'ing, must not hold open.
+fn relay(action: libc::pid_t) -> ! {
+    // SAFETY: async-signal-safe system calls only; `_exit` ends the process without unwinding.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        let mut status = 0;
+        while libc::waitpid(action, &mut status, 0) < 0 {
+            if *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+        if libc::WIFSIGNALED(status) {
+            let signal = libc::WTERMSIG(status);
+            libc::signal(signal, libc::SIG_DFL);
+            libc::kill(libc::getpid(), signal);
+            libc::_exit(128 + signal);
+        }
+        libc::_exit(libc::WEXITSTATUS(status))
+    }
+}
+
 impl Isolation {
     /// Checks the `--hide` directories against the work root and probes for mount namespaces.
     pub fn new(hide: &[PathBuf], work_root: &Path) -> anyhow::Result<Self> {
@@ -111,18 +152,22 @@ impl Isolation {
             }
             hidden.push(CString::new(canonical.as_os_str().as_bytes())?);
         }
-        // SAFETY: getuid/getgid/geteuid cannot fail.
-        let (uid, gid, euid) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
-        let user_maps = (euid != 0).then(|| {
-            let map = |id: u32| CString::new(format!("0 {id} 1")).unwrap_or_default();
-            Arc::new((map(uid), map(gid)))
-        });
-        let isolation = Self {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let map = |id: u32| CString::new(format!("0 {id} 1"));
+        let mut isolation = Self {
             hidden: hidden.into(),
-            user_maps,
+            user_maps: Some(Arc::new((map(uid)?, map(gid)?))),
         };
-        if !isolation.hidden.is_empty() {
-            isolation.probe()?;
+        if let Err(e) = isolation.probe() {
+            if !isolation.hidden.is_empty() {
+                return Err(e);
+            }
+            eprintln!(
+                "dtlto-reapi serve: warning: actions run without isolation (they can see this \
+                 machine's processes and files): {e:#}"
+            );
+            isolation.user_maps = None;
         }
         Ok(isolation)
     }
@@ -131,32 +176,33 @@ impl Isolation {
     fn probe(&self) -> anyhow::Result<()> {
         let mut probe = std::process::Command::new("/bin/sh");
         probe.args(["-c", "exit 0"]);
-        let (hidden, user_maps) = (self.hidden.clone(), self.user_maps.clone());
-        // SAFETY: `cover` only makes system calls, as a pre_exec hook must.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut probe, move || {
-                cover(&hidden, user_maps.as_deref())
-            });
-        }
+        self.apply_std(&mut probe);
         let status = probe.status().context(
-            "--hide needs a private mount namespace per action (unshare(CLONE_NEWNS) and mount as \
-             root, or inside an unprivileged user namespace otherwise), which this system refused",
+            "actions run in user, PID and mount namespaces of their own (unshare(CLONE_NEWUSER | \
+             CLONE_NEWPID | CLONE_NEWNS) and mount), which this system refused",
         )?;
         if !status.success() {
-            bail!("--hide: the isolation probe exited with {status}");
+            bail!("the isolation probe exited with {status}");
         }
         Ok(())
     }
 
-    /// Makes `command` run with the hidden directories covered.
-    pub fn apply(&self, command: &mut tokio::process::Command) {
-        if self.hidden.is_empty() {
+    /// Makes `command` run isolated.
+    fn apply_std(&self, command: &mut std::process::Command) {
+        let Some(user_maps) = self.user_maps.clone() else {
             return;
-        }
-        let (hidden, user_maps) = (self.hidden.clone(), self.user_maps.clone());
-        // SAFETY: `cover` only makes system calls, as a pre_exec hook must.
+        };
+        let hidden = self.hidden.clone();
+        // SAFETY: `enter` only makes system calls, as a pre_exec hook must.
         unsafe {
-            command.pre_exec(move || cover(&hidden, user_maps.as_deref()));
+            std::os::unix::process::CommandExt::pre_exec(command, move || {
+                enter(&hidden, &user_maps)
+            });
         }
+    }
+
+    /// Makes the action `command` run isolated.
+    pub fn apply(&self, command: &mut tokio::process::Command) {
+        self.apply_std(command.as_std_mut());
     }
 }

@@ -21,7 +21,7 @@ mod paths;
 mod storage;
 mod worker;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     action_cache_server::ActionCacheServer, capabilities_server::CapabilitiesServer,
     content_addressable_storage_server::ContentAddressableStorageServer,
@@ -31,6 +31,7 @@ use bazel_remote_apis::google::bytestream::byte_stream_server::ByteStreamServer;
 use bazel_remote_apis::google::longrunning::operations_server::OperationsServer;
 use clap::Args;
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,11 @@ pub struct ServeArgs {
     /// printed on stdout is `listening on grpc://HOST:PORT` (or `listening on unix:///PATH`).
     #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
     pub listen: String,
+
+    /// Accept a --listen address other than loopback. The server has no authentication and runs
+    /// whatever actions it is sent: anyone who can reach the address can run commands as this user.
+    #[arg(long)]
+    pub allow_remote_clients: bool,
 
     /// The REAPI instance name this server answers to; requests naming another get NOT_FOUND.
     #[arg(long, default_value = "", value_name = "NAME")]
@@ -248,7 +254,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     match parse_listen(&args.listen)? {
         Listen::Tcp(address) => {
-            let listener = tokio::net::TcpListener::bind(&address)
+            let resolved = tcp_addresses(&address, args.allow_remote_clients).await?;
+            let listener = tokio::net::TcpListener::bind(&resolved[..])
                 .await
                 .with_context(|| format!("cannot listen on {address}"))?;
             announce(&format!("grpc://{}", listener.local_addr()?))?;
@@ -274,6 +281,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             served
         }
     }
+}
+
+/// The socket addresses `address` names; all of them loopback unless `allow_remote` (the server
+/// runs commands for anyone who reaches it, so it must not be reachable from the network by
+/// accident).
+async fn tcp_addresses(address: &str, allow_remote: bool) -> anyhow::Result<Vec<SocketAddr>> {
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(address)
+        .await
+        .with_context(|| format!("--listen {address}: cannot resolve it"))?
+        .collect();
+    if let Some(open) = resolved.iter().find(|a| !a.ip().is_loopback())
+        && !allow_remote
+    {
+        bail!(
+            "--listen {address}: {} is not a loopback address, and this server runs commands for \
+             anyone who reaches it without authentication; listen on 127.0.0.1, ::1 or \
+             unix:///PATH, or pass --allow-remote-clients on a trusted network",
+            open.ip()
+        );
+    }
+    Ok(resolved)
 }
 
 /// Prints the line tests and scripts parse to find the server.
