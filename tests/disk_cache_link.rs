@@ -109,3 +109,62 @@ fn a_damaged_disk_cache_never_yields_a_wrong_object() {
         second.native_object_contents()
     );
 }
+
+#[test]
+fn a_cache_directory_others_can_write_is_refused_and_the_link_goes_on() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let (project, expected) = chain_with_archive(3);
+    let cache = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(cache.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let (linked, ran) = link(&project, "one/app", cache.path(), &[]);
+    assert_eq!(linked.run_program(), expected);
+    assert_eq!(ran, ran_only("local", 4));
+    let warnings: Vec<&str> = linked
+        .stderr
+        .lines()
+        .filter(|l| l.contains("writable by group or others"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", linked.stderr);
+    assert_eq!(
+        std::fs::read_dir(cache.path()).expect("list").count(),
+        0,
+        "nothing is written into a refused cache"
+    );
+}
+
+#[test]
+fn symlinks_planted_in_the_cache_are_never_followed() {
+    let (project, expected) = chain_with_archive(3);
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (first, _) = link(&project, "one/app", cache.path(), &[]);
+    let victims = tempfile::tempdir().expect("tempdir");
+    let victim_file = victims.path().join("precious.txt");
+    std::fs::write(&victim_file, b"precious").expect("write");
+    let victim_dir = victims.path().join("precious-dir");
+    std::fs::create_dir(&victim_dir).expect("mkdir");
+    // The size total and every blob shard now lead out of the cache.
+    let size = cache.path().join("size");
+    let _ = std::fs::remove_file(&size);
+    std::os::unix::fs::symlink(&victim_file, &size).expect("plant size");
+    let mut planted = 0;
+    for shard in std::fs::read_dir(cache.path().join("cas")).expect("list cas") {
+        let shard = shard.expect("entry").path();
+        std::fs::remove_dir_all(&shard).expect("rm shard");
+        std::os::unix::fs::symlink(&victim_dir, &shard).expect("plant shard");
+        planted += 1;
+    }
+    assert!(planted > 0);
+
+    let (second, ran) = link(&project, "two/app", cache.path(), &[]);
+    assert_eq!(second.run_program(), expected);
+    assert_eq!(ran, ran_only("local", 4), "{}", second.stderr);
+    assert_eq!(std::fs::read(&victim_file).expect("read"), b"precious");
+    assert_eq!(std::fs::read_dir(&victim_dir).expect("list").count(), 0);
+    assert_eq!(
+        first.native_object_contents(),
+        second.native_object_contents()
+    );
+    // The cache repaired itself: the next link is served from it.
+    let (_, ran) = link(&project, "three/app", cache.path(), &[]);
+    assert_eq!(ran, ran_only("disk-cache", 4));
+}

@@ -47,9 +47,18 @@
 //!   Whenever the total exceeds the bound, a full scan replaces it with the exact figure.
 //!
 //! These arguments rely on POSIX rename and unlink semantics (Linux, macOS).
+//!
+//! # Why another user cannot use it against this one
+//!
+//! A cache directory owned by another user, or writable by group or others, is refused when it is
+//! opened: whoever can write it could plant entries (wrong objects under right names) or symlinks.
+//! Inside the cache, symlinks are never followed: files are opened with `O_NOFOLLOW`, a shard
+//! directory that is not a real directory is removed, the size total is replaced by a rename
+//! rather than written through whatever its name points to, and scans ignore symlinks.
 
 use std::fs::{self, File, FileTimes};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -110,10 +119,22 @@ impl DiskCache {
     /// (see [`trim`](Self::trim): cheap unless it is over this bound, or its total is unknown
     /// because the cache is new or damaged). Only creates what is missing and evicts only to meet
     /// the bound: an existing cache keeps its entries.
+    /// Refuses a directory that another user could write (see the module's documentation).
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<DiskCache> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| annotate(e, "cannot create", dir))?;
+        // The directory itself may be a symlink the user chose; what it leads to must be private.
+        let meta = fs::metadata(dir).map_err(|e| annotate(e, "cannot inspect", dir))?;
+        check_private(dir, &meta)?;
         for sub in ["cas", "ac", "tmp"] {
             let path = dir.join(sub);
-            fs::create_dir_all(&path).map_err(|e| annotate(e, "cannot create", &path))?;
+            real_dir(&path)?;
+            let meta =
+                fs::symlink_metadata(&path).map_err(|e| annotate(e, "cannot inspect", &path))?;
+            check_private(&path, &meta)?;
         }
         let cache = DiskCache {
             root: dir.to_path_buf(),
@@ -144,7 +165,7 @@ impl DiskCache {
         let Some(path) = self.entry_path(Namespace::Ac, action) else {
             return Ok(None);
         };
-        let bytes = match fs::read(&path) {
+        let bytes = match read_file(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(annotate(e, "cannot read", &path)),
@@ -176,7 +197,7 @@ impl DiskCache {
         let Some(path) = self.entry_path(Namespace::Cas, digest) else {
             return Ok(false);
         };
-        let mut source = match File::open(&path) {
+        let mut source = match open_file(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(annotate(e, "cannot open", &path)),
@@ -282,8 +303,11 @@ impl DiskCache {
         path: &Path,
         len: u64,
     ) -> io::Result<()> {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| annotate(e, "cannot create", parent))?;
+        if let Some(shard) = path.parent() {
+            if let Some(namespace_dir) = shard.parent() {
+                real_dir(namespace_dir)?;
+            }
+            real_dir(shard)?;
         }
         let existing = match temp.persist_noclobber(path) {
             Ok(_) => return self.count_new(len),
@@ -291,7 +315,7 @@ impl DiskCache {
             Err(e) => return Err(annotate(e.error, "cannot store", path)),
         };
         if let Namespace::Cas = namespace
-            && fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == len)
+            && fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == len)
         {
             touch_path(path);
             return Ok(());
@@ -321,7 +345,7 @@ impl DiskCache {
         let Some(path) = self.entry_path(Namespace::Cas, digest) else {
             return Ok(false);
         };
-        match fs::metadata(&path) {
+        match fs::symlink_metadata(&path) {
             Ok(meta) if meta.is_file() && meta.len() == digest::size(digest) => {
                 touch_path(&path);
                 Ok(true)
@@ -336,14 +360,17 @@ impl DiskCache {
     }
 
     /// `DIR/<namespace>/<2 hex>/<hash>`, or None for a malformed digest (which could otherwise
-    /// name a path outside the cache).
+    /// name a path outside the cache). A shard that is not a real directory (a planted symlink) is
+    /// removed, so that the entry reads as missing and is stored afresh.
     fn entry_path(&self, namespace: Namespace, digest: &Digest) -> Option<PathBuf> {
-        digest::is_valid(digest).then(|| {
-            self.root
-                .join(namespace.dir_name())
-                .join(&digest.hash[..2])
-                .join(&digest.hash)
-        })
+        if !digest::is_valid(digest) {
+            return None;
+        }
+        let shard = self.root.join(namespace.dir_name()).join(&digest.hash[..2]);
+        if fs::symlink_metadata(&shard).is_ok_and(|m| !m.is_dir()) {
+            let _ = fs::remove_file(&shard);
+        }
+        Some(shard.join(&digest.hash))
     }
 
     /// Adds the unflushed bytes to `DIR/size` under the lock and, if `evict` and the total is
@@ -354,14 +381,17 @@ impl DiskCache {
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
             .open(&lock_path)
             .map_err(|e| annotate(e, "cannot open", &lock_path))?;
         lock.lock()
             .map_err(|e| annotate(e, "cannot lock", &lock_path))?;
         let size_path = self.root.join("size");
         let pending = self.unflushed.swap(0, Ordering::Relaxed);
-        let total = fs::read_to_string(&size_path)
+        let total = read_file(&size_path)
             .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
             .and_then(|text| text.trim().parse::<u64>().ok())
             .map(|total| total.saturating_add(pending));
         let outcome = match total {
@@ -370,12 +400,20 @@ impl DiskCache {
             // Unknown and no scan wanted: leave it unknown so that the next trim scans.
             _ => return Ok(()),
         };
-        let written = outcome.and_then(|total| fs::write(&size_path, total.to_string()));
+        let written = outcome.and_then(|total| self.replace_size(&size_path, total));
         if written.is_err() {
             // An unknown total makes the next trim scan, which recounts everything.
             let _ = fs::remove_file(&size_path);
         }
         written.map_err(|e| annotate(e, "cannot update the size of", &self.root))
+    }
+
+    /// Writes the size total to a temporary file and renames it over `DIR/size`, so that a symlink
+    /// planted there is replaced, never written through.
+    fn replace_size(&self, size_path: &Path, total: u64) -> io::Result<()> {
+        let mut temp = self.temp_file()?;
+        temp.write_all(total.to_string().as_bytes())?;
+        temp.persist(size_path).map(drop).map_err(|e| e.error)
     }
 
     /// Scans every entry, deletes the least recently used until the rest fit in 90% of the
@@ -396,7 +434,7 @@ impl DiskCache {
             if total <= target {
                 break;
             }
-            match fs::metadata(&entry.path) {
+            match fs::symlink_metadata(&entry.path) {
                 // Used (or rewritten) since the scan: it is no longer among the oldest.
                 Ok(meta) if meta.modified().ok() != Some(entry.used) => continue,
                 Ok(_) => match fs::remove_file(&entry.path) {
@@ -477,9 +515,66 @@ fn touch(file: &File) {
 }
 
 fn touch_path(path: &Path) {
-    if let Ok(file) = File::open(path) {
+    if let Ok(file) = open_file(path) {
         touch(&file);
     }
+}
+
+/// Opens a file of the cache for reading, never through a symlink.
+fn open_file(path: &Path) -> io::Result<File> {
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Reads a file of the cache, never through a symlink.
+fn read_file(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_file(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Makes sure `path` is a real directory (not a symlink to one), creating it (private to this user)
+/// if missing and replacing whatever else is there.
+fn real_dir(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => fs::remove_file(path).map_err(|e| annotate(e, "cannot remove", path))?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(annotate(e, "cannot inspect", path)),
+    }
+    match fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => Ok(()),
+        // Created by a concurrent process meanwhile.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(annotate(e, "cannot create", path)),
+    }
+}
+
+/// Refuses a cache directory that another user owns or that group or others may write: they could
+/// plant entries or symlinks in it.
+fn check_private(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let problem = if meta.uid() != me {
+        format!("is owned by user {}, not by this user ({me})", meta.uid())
+    } else if meta.mode() & 0o022 != 0 {
+        format!(
+            "is writable by group or others (mode {:o}); `chmod go-w` it",
+            meta.mode() & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "disk cache: {} {problem}: another user could plant wrong objects in it; use a \
+             directory of your own",
+            path.display()
+        ),
+    ))
 }
 
 /// Deletes a damaged entry. Best effort: if it cannot be deleted it is still a miss, and a later

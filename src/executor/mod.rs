@@ -10,7 +10,7 @@ pub mod remote;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, ExecutedActionMetadata, OutputFile,
 };
@@ -195,13 +195,7 @@ impl Runner {
     ) -> Result<Runner> {
         let disk = match &settings.disk_cache {
             None => None,
-            Some(dir) => {
-                let (path, max) = (dir.clone(), settings.disk_cache_max_size);
-                let disk = tokio::task::spawn_blocking(move || DiskCache::open(&path, max))
-                    .await?
-                    .with_context(|| format!("opening the disk cache {}", dir.display()))?;
-                Some(Arc::new(disk))
-            }
+            Some(dir) => open_disk_cache(ctx, dir, settings.disk_cache_max_size).await,
         };
         let planner = if remote.is_some() || disk.is_some() {
             let legacy = remote
@@ -366,6 +360,27 @@ impl Runner {
                 let text = format!("cannot trim the disk cache {}: {e}", dir.display());
                 ctx.reporter.warn_once("disk-cache-trim", &text);
             }
+        }
+    }
+}
+
+/// The disk cache in `dir`, or None with one warning when it cannot be used (unwritable, another
+/// user's, a full disk): a cache never fails a link.
+async fn open_disk_cache(
+    ctx: &RunContext,
+    dir: &std::path::Path,
+    max: u64,
+) -> Option<Arc<DiskCache>> {
+    let path = dir.to_owned();
+    let opened = tokio::task::spawn_blocking(move || DiskCache::open(&path, max))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match opened {
+        Ok(disk) => Some(Arc::new(disk)),
+        Err(e) => {
+            let text = format!("{e}; the link goes on without the disk cache");
+            ctx.reporter.warn_once("disk-cache-open", &text);
+            None
         }
     }
 }
