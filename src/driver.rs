@@ -1,8 +1,8 @@
 //! One distributor run, from lld's job file to the exit status lld sees: load and validate the job
-//! file, pick the mode's runner, run every job, report, and turn SIGINT/SIGTERM into a prompt,
-//! clean, non-zero exit.
+//! file, pick the mode's runner, run every job, report, and turn SIGINT/SIGTERM/SIGHUP into a
+//! prompt, clean, non-zero exit.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext, Runner};
 use crate::jobs::JobFile;
+use crate::output;
 use crate::reapi::ReapiError;
 use crate::report::Reporter;
 use crate::settings::{Mode, Settings};
@@ -28,6 +29,12 @@ pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let outputs: Vec<&Path> = job_file
+        .jobs
+        .iter()
+        .flat_map(|job| job.outputs.iter().map(PathBuf::as_path))
+        .collect();
+    output::remove_leftovers(&outputs);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,7 +130,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     }
 }
 
-/// The exit status after SIGINT/SIGTERM: 128 + the signal, as a shell reports it.
+/// The exit status after SIGINT/SIGTERM/SIGHUP: 128 + the signal, as a shell reports it.
 fn interrupted(reporter: &Reporter, signalled: &AtomicI32) -> ExitCode {
     let signo = signalled.load(Ordering::Relaxed);
     reporter.error(&format!(
@@ -132,20 +139,27 @@ fn interrupted(reporter: &Reporter, signalled: &AtomicI32) -> ExitCode {
     ExitCode::from(128u8.saturating_add(u8::try_from(signo).unwrap_or(0)))
 }
 
-/// Cancels the run on the first SIGINT or SIGTERM and remembers which signal it was.
+/// Cancels the run on the first SIGINT, SIGTERM or SIGHUP (a closed terminal) and remembers which
+/// signal it was. A second SIGINT is an impatient user: the process exits at once, its compiles die
+/// with it (see `executor::child`), and the next run removes the staged files it leaves.
 fn watch_signals(
     cancel: CancellationToken,
     signalled: Arc<AtomicI32>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     Ok(tokio::spawn(async move {
         let signo = tokio::select! {
             _ = interrupt.recv() => libc::SIGINT,
             _ = terminate.recv() => libc::SIGTERM,
+            _ = hangup.recv() => libc::SIGHUP,
         };
         signalled.store(signo, Ordering::Relaxed);
         cancel.cancel();
+        interrupt.recv().await;
+        eprintln!("dtlto-reapi: error: interrupted again; exiting at once");
+        std::process::exit(128 + libc::SIGINT);
     }))
 }
 

@@ -5,7 +5,13 @@
 //! compile or download would be a silent miscompile. [`StagedOutputs`] owns the temporary names: a job
 //! that fails, is cancelled or panics drops them and leaves nothing behind, and [`StagedOutputs::commit`]
 //! checks that every listed output was produced before moving any of them.
+//!
+//! The temporary names are chosen by `tempfile` (random, so that neither another link in the same
+//! directory nor anyone planting files there can predict them) and carry the process id, so that
+//! the names a killed run left behind are recognised and removed by the next run
+//! ([`remove_leftovers`]) while those of runs still going are left alone.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -21,27 +27,38 @@ pub struct StagedOutputs {
 
 impl StagedOutputs {
     /// Chooses a hidden temporary name beside each of `job`'s outputs (same directory, so the final
-    /// rename is atomic). The process id and job index keep concurrent links and jobs apart.
-    pub fn new(job: &Job) -> StagedOutputs {
+    /// rename is atomic): `.<name>.dtlto-<pid>-<random>.tmp`. Each name is reserved by creating the
+    /// file exclusively and then removed again, so that a job that writes nothing is noticed.
+    pub fn new(job: &Job) -> io::Result<StagedOutputs> {
         let pid = std::process::id();
-        let pairs = job
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(k, output)| {
-                let name = output
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let staged =
-                    output.with_file_name(format!(".{name}.dtlto-{pid}-{}-{k}.tmp", job.index));
-                (output.clone(), staged)
-            })
-            .collect();
-        StagedOutputs {
-            pairs,
+        let mut staged = StagedOutputs {
+            pairs: Vec::with_capacity(job.outputs.len()),
             committed: false,
+        };
+        for output in &job.outputs {
+            let name = output
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let dir = match output.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            let reserved = tempfile::Builder::new()
+                .prefix(&format!(".{name}{MARKER}{pid}-"))
+                .suffix(SUFFIX)
+                .tempfile_in(dir)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot create a file beside {}: {e}", output.display()),
+                    )
+                })?;
+            let path = reserved.path().to_owned();
+            drop(reserved);
+            staged.pairs.push((output.clone(), path));
         }
+        Ok(staged)
     }
 
     /// `(final path, staged path)` pairs.
@@ -109,6 +126,53 @@ impl Drop for StagedOutputs {
     }
 }
 
+/// What every staged name carries before the process id, and what it ends with.
+const MARKER: &str = ".dtlto-";
+const SUFFIX: &str = ".tmp";
+
+/// Removes the staged files that runs no longer alive left in the directories of `job_file`'s
+/// outputs (a run killed with SIGKILL, or that exited at a second Ctrl-C). Best effort: what cannot
+/// be listed or removed stays.
+pub fn remove_leftovers(outputs: &[&Path]) {
+    let dirs: BTreeSet<&Path> = outputs
+        .iter()
+        .map(|output| match output.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        })
+        .collect();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let dead = staging_pid(&name.to_string_lossy()).is_some_and(|pid| !is_alive(pid));
+            if dead && entry.file_type().is_ok_and(|t| t.is_file()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// The process id in a staged name `.<name>.dtlto-<pid>-<random>.tmp`.
+fn staging_pid(name: &str) -> Option<libc::pid_t> {
+    let rest = name.strip_prefix('.')?.strip_suffix(SUFFIX)?;
+    let (_, tail) = rest.rsplit_once(MARKER)?;
+    let (pid, random) = tail.split_once('-')?;
+    if random.is_empty() || !random.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    pid.parse().ok().filter(|pid| *pid > 0)
+}
+
+/// Whether process `pid` exists (as kill(2) sees it: one of another user's counts too).
+fn is_alive(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks whether the target exists.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename), for files
 /// the distributor itself produces, such as `--stats-json`.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -139,7 +203,7 @@ mod tests {
     #[test]
     fn commit_moves_everything_into_place() {
         let dir = tempfile::tempdir().unwrap();
-        let staged = StagedOutputs::new(&job(dir.path()));
+        let staged = StagedOutputs::new(&job(dir.path())).unwrap();
         for (_, s) in staged.pairs() {
             std::fs::write(s, b"obj").unwrap();
         }
@@ -154,7 +218,7 @@ mod tests {
     #[test]
     fn a_missing_output_fails_and_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let staged = StagedOutputs::new(&job(dir.path()));
+        let staged = StagedOutputs::new(&job(dir.path())).unwrap();
         let (_, first) = staged.pairs().next().unwrap();
         std::fs::write(first, b"half").unwrap();
         let err = staged.commit().unwrap_err();
@@ -165,7 +229,7 @@ mod tests {
     #[test]
     fn an_empty_native_object_is_a_failure() {
         let dir = tempfile::tempdir().unwrap();
-        let staged = StagedOutputs::new(&job(dir.path()));
+        let staged = StagedOutputs::new(&job(dir.path())).unwrap();
         let staged_paths: Vec<PathBuf> = staged.pairs().map(|(_, s)| s.to_owned()).collect();
         std::fs::write(&staged_paths[0], b"").unwrap();
         std::fs::write(&staged_paths[1], b"stats").unwrap();
@@ -177,12 +241,34 @@ mod tests {
     #[test]
     fn dropping_removes_staged_files() {
         let dir = tempfile::tempdir().unwrap();
-        let staged = StagedOutputs::new(&job(dir.path()));
+        let staged = StagedOutputs::new(&job(dir.path())).unwrap();
         for (_, s) in staged.pairs() {
             std::fs::write(s, b"partial").unwrap();
         }
         drop(staged);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn leftovers_of_dead_runs_go_and_live_ones_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let staged = StagedOutputs::new(&job(dir.path())).unwrap();
+        let (_, live) = staged.pairs().next().unwrap();
+        std::fs::write(live, b"being written").unwrap();
+        // No process has pid i32::MAX (pids stay below 2^22).
+        let dead = dir
+            .path()
+            .join(format!(".m.native.o.dtlto-{}-Ab12Cd.tmp", i32::MAX));
+        std::fs::write(&dead, b"left by a killed run").unwrap();
+        let unrelated = dir.path().join(".m.native.o.dtlto-notapid.tmp");
+        std::fs::write(&unrelated, b"not ours").unwrap();
+        let output = dir.path().join("m.native.o");
+        remove_leftovers(&[&output]);
+        assert!(live.exists());
+        assert!(!dead.exists());
+        assert!(unrelated.exists());
+        assert_eq!(staging_pid(".a b.o.dtlto-x.dtlto-42-Zz9.tmp"), Some(42));
+        assert_eq!(staging_pid("a.o.dtlto-42-Zz9.tmp"), None);
     }
 
     #[test]

@@ -172,11 +172,12 @@ fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
 #[test]
 fn an_interrupted_remote_link_cancels_its_operations_on_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
-    // The "compiler" runs on the server's worker: it records its pid where the test can see it,
-    // then works for 30 s.
-    let pids = dir.path().join("remote pids");
+    // The "compiler" runs on the server's worker (in a PID namespace of its own, so its pid means
+    // nothing here): it says where the test can see that it started, works for 3 s, then says
+    // that it survived.
+    let pids = dir.path().join("remote progress");
     let script = format!(
-        "#!/bin/sh\necho $$ >> '{}'\nexec sleep 30\n",
+        "#!/bin/sh\necho started >> '{0}'\nsleep 3\necho survived >> '{0}'\n",
         pids.display()
     );
     let job_file = job_file_with_compiler(dir.path(), "slow remote compiler.sh", &script, 1);
@@ -193,17 +194,147 @@ fn an_interrupted_remote_link_cancels_its_operations_on_the_cluster() {
         eventually(Duration::from_secs(20), || pids.exists()),
         "the remote compile never started"
     );
-    let pid: i32 = std::fs::read_to_string(&pids)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
     let (status, _, stderr) = signal_and_wait(child, libc::SIGTERM);
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
 
-    // The server heard the CancelOperation and stopped the action.
+    // The server heard the CancelOperation and stopped the action before it finished.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        std::fs::read_to_string(&pids).unwrap(),
+        "started\n",
+        "the abandoned action still ran on the server"
+    );
+}
+
+/// Whether process `pid` still runs: it exists and is not a zombie waiting for its reaper.
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z')
+        })
+        .unwrap_or(false)
+}
+
+/// A job file of `jobs` jobs whose compiler records its pid in `pids`, ignores SIGTERM and runs
+/// for 30 s as a single process (`exec`).
+fn stubborn_link(dir: &Path, jobs: usize) -> PathBuf {
+    let script = "#!/bin/sh\necho $$ >> pids\ntrap '' TERM\nexec sleep 30\n";
+    job_file_with_compiler(dir, "stubborn compiler.sh", script, jobs)
+}
+
+/// The pids the compilers of [`stubborn_link`] recorded, once `count` of them have started.
+fn compiler_pids(dir: &Path, count: usize) -> Vec<i32> {
+    let pids = || -> Vec<i32> {
+        std::fs::read_to_string(dir.join("pids"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
     assert!(
-        eventually(Duration::from_secs(5), || !exists(pid)),
-        "the abandoned action still runs on the server"
+        eventually(Duration::from_secs(20), || pids().len() >= count),
+        "the compiles never started"
+    );
+    pids()
+}
+
+#[test]
+fn sigkill_of_the_distributor_kills_its_compiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = stubborn_link(dir.path(), 2);
+    let mut child = spawn_distributor(
+        dir.path(),
+        &["--jobs=2".to_owned(), job_file.display().to_string()],
+    );
+    let pids = compiler_pids(dir.path(), 2);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for pid in pids {
+        assert!(
+            eventually(Duration::from_secs(2), || !running(pid)),
+            "compile {pid} outlived the distributor"
+        );
+    }
+}
+
+#[test]
+fn a_second_ctrl_c_exits_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = stubborn_link(dir.path(), 1);
+    let child = spawn_distributor(dir.path(), &[job_file.display().to_string()]);
+    let pids = compiler_pids(dir.path(), 1);
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(50));
+    let (status, _, stderr) = signal_and_wait(child, libc::SIGINT);
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{stderr}");
+    assert!(stderr.contains("interrupted again"), "{stderr}");
+    // The compile, which ignores SIGTERM, did not get its grace period, and still died.
+    for pid in pids {
+        assert!(
+            eventually(Duration::from_secs(2), || !running(pid)),
+            "compile {pid} outlived the distributor"
+        );
+    }
+}
+
+#[test]
+fn sighup_is_handled_like_sigterm() {
+    interrupt_with(libc::SIGHUP, 128 + libc::SIGHUP);
+}
+
+#[test]
+fn an_interrupted_cache_only_link_stops_waiting_for_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = hanging_link(dir.path(), 2);
+    // Connecting is quick; every action-cache lookup takes 20 s.
+    let server = common::Server::start(["--fault-slow=GetActionResult=20000"]);
+    let child = spawn_distributor(
+        dir.path(),
+        &[
+            "--mode=cache-only".to_owned(),
+            format!("--remote={}", server.url()),
+            job_file.display().to_string(),
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, took, stderr) = signal_and_wait(child, libc::SIGTERM);
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?} to exit: {stderr}"
+    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        !dir.path().join("groups").exists(),
+        "no compile ran: the lookups were still waiting"
+    );
+}
+
+#[test]
+fn staged_files_of_a_killed_run_are_removed_by_the_next_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "#!/bin/sh\nwhile [ \"$1\" != -o ]; do shift; done\nprintf obj > \"$2\"\n";
+    let job_file = job_file_with_compiler(dir.path(), "compiler.sh", script, 2);
+    // As a run killed with SIGKILL leaves them (no process has pid 2^31-1).
+    let leftover = dir
+        .path()
+        .join(format!(".m0.native.o.dtlto-{}-Xy12Ab.tmp", i32::MAX));
+    std::fs::write(&leftover, b"half").unwrap();
+    let output = Command::new(common::distributor())
+        .arg(&job_file)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        !leftover.exists(),
+        "the leftover staged file is still there"
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("m0.native.o")).unwrap(),
+        b"obj"
     );
 }

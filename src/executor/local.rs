@@ -3,7 +3,8 @@
 //! It is the embedded default, the fallback of the remote modes and the runner of cache-only misses,
 //! so it takes care of the things every mode needs from a local run: outputs written under staged
 //! names and moved into place only on success, the compiler's output captured for the reporter, and
-//! prompt termination of the child when the link is cancelled.
+//! prompt termination of the child when the link is cancelled (and its death with the distributor,
+//! see `child`).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use super::child::Spawner;
 use crate::jobs::{Job, JobFile};
 use crate::output::StagedOutputs;
 use crate::plan::args::rewrite_args;
@@ -35,8 +37,22 @@ const TERMINATE_GRACE: Duration = Duration::from_millis(500);
 
 /// Runs `common.args ++ job.args` with the job's outputs redirected to staged names, and moves them
 /// into place when the compiler succeeds.
-pub async fn run_job(job_file: &JobFile, job: &Job, cancel: &CancellationToken) -> LocalOutcome {
-    let staged = StagedOutputs::new(job);
+pub async fn run_job(
+    job_file: &JobFile,
+    job: &Job,
+    spawner: &Spawner,
+    cancel: &CancellationToken,
+) -> LocalOutcome {
+    let staged = match StagedOutputs::new(job) {
+        Ok(staged) => staged,
+        Err(e) => {
+            return LocalOutcome::Failed {
+                exit_code: None,
+                output: Vec::new(),
+                error: Some(e.to_string()),
+            };
+        }
+    };
     let args = rewrite_args(&job.args, |arg| {
         staged
             .staged_path_of(arg.as_ref())
@@ -53,7 +69,7 @@ pub async fn run_job(job_file: &JobFile, job: &Job, cancel: &CancellationToken) 
         // script's compiler, clang's own subprocesses).
         .process_group(0)
         .kill_on_drop(true);
-    let child = match command.spawn() {
+    let child = match spawner.spawn(command).await {
         Ok(child) => child,
         Err(e) => {
             return LocalOutcome::Failed {

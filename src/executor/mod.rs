@@ -4,13 +4,14 @@
 //! [`Runner`] composes the steps a job may go through — planning into an Action, the disk cache,
 //! the remote executor (`remote`), local compiles (`local`) — as the settings ask.
 
+mod child;
 pub mod local;
 pub mod remote;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, ExecutedActionMetadata, OutputFile,
 };
@@ -117,13 +118,16 @@ fn biggest_first(jobs: &[Job]) -> Vec<Job> {
 /// run many more jobs at once than this machine has cores).
 pub struct LocalRunner {
     slots: Semaphore,
+    spawner: child::Spawner,
 }
 
 impl LocalRunner {
-    pub fn new(jobs: usize) -> LocalRunner {
-        LocalRunner {
+    /// Must be called within the run's runtime (it starts the thread that forks the compiles).
+    pub fn new(jobs: usize) -> std::io::Result<LocalRunner> {
+        Ok(LocalRunner {
             slots: Semaphore::new(jobs.max(1)),
-        }
+            spawner: child::Spawner::new()?,
+        })
     }
 
     /// Runs one job locally and turns the outcome into its record, showing the compiler's output
@@ -141,7 +145,7 @@ impl LocalRunner {
                 ctx.job_file.command(&job).join(" ")
             )
         });
-        let outcome = local::run_job(&ctx.job_file, &job, &ctx.cancel).await;
+        let outcome = local::run_job(&ctx.job_file, &job, &self.spawner, &ctx.cancel).await;
         let wall = started.elapsed();
         match outcome {
             local::LocalOutcome::Succeeded { output } => {
@@ -210,7 +214,8 @@ impl Runner {
             planner,
             remote,
             disk,
-            local: LocalRunner::new(settings.jobs),
+            local: LocalRunner::new(settings.jobs)
+                .context("cannot start the thread that runs local compiles")?,
         })
     }
 
@@ -301,7 +306,7 @@ impl Runner {
             if result.exit_code != 0 {
                 return None;
             }
-            let staged = StagedOutputs::new(&job);
+            let staged = StagedOutputs::new(&job).ok()?;
             for (name, local) in &spec.outputs {
                 let file = result.output_files.iter().find(|f| f.path == *name)?;
                 let target = staged.staged_path_of(local)?;

@@ -172,7 +172,11 @@ impl RemoteExecutor {
         };
         let record = match outcome {
             Ok((ran, result)) => {
-                let output = self.stderr_of(&result, call).await;
+                let output = ctx
+                    .cancel
+                    .run_until_cancelled(self.stderr_of(&result, call))
+                    .await
+                    .unwrap_or_default();
                 ctx.reporter.diagnostics(&job, &output, false);
                 let mut record = JobRecord::new(&job, Status::Succeeded, ran, started.elapsed());
                 record.exit_code = Some(0);
@@ -218,42 +222,60 @@ impl RemoteExecutor {
         local: &LocalRunner,
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
+        // Lookups and uploads are abandoned at an interrupt, like remote executions.
+        let lookup = self.cache_hit(ctx, &job, spec, call);
+        let Some(hit) = ctx.cancel.run_until_cancelled(lookup).await else {
+            let record =
+                JobRecord::new(&job, Status::Cancelled, Ran::ActionCache, started.elapsed());
+            return (record, Vec::new());
+        };
+        if let Some(output) = hit {
+            ctx.reporter.diagnostics(&job, &output, false);
+            let mut record =
+                JobRecord::new(&job, Status::Succeeded, Ran::ActionCache, started.elapsed());
+            record.exit_code = Some(0);
+            return (record, output);
+        }
+        let (record, output) = local.run(ctx, job).await;
+        if record.status == Status::Succeeded && self.upload_results {
+            let store = self.store_result(spec, &output, call);
+            if let Some(Err(e)) = ctx.cancel.run_until_cancelled(store).await {
+                ctx.reporter.warn_once(
+                    "cache-upload",
+                    &format!("cannot store results in the remote cache ({e})"),
+                );
+            }
+        }
+        (record, output)
+    }
+
+    /// Cache-only mode: the job's outputs from the remote action cache, in place, and the compiler's
+    /// output; None on a miss (or a hit whose blobs cannot be had).
+    async fn cache_hit(
+        &self,
+        ctx: &RunContext,
+        job: &Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+    ) -> Option<Vec<u8>> {
         match self
             .client
             .get_action_result(&spec.action_digest, &output_names(spec), call)
             .await
         {
             Ok(Some(result)) if result.exit_code == 0 => {
-                if self.materialize(&job, spec, &result, call).await.is_ok() {
-                    let output = self.stderr_of(&result, call).await;
-                    ctx.reporter.diagnostics(&job, &output, false);
-                    let mut record = JobRecord::new(
-                        &job,
-                        Status::Succeeded,
-                        Ran::ActionCache,
-                        started.elapsed(),
-                    );
-                    record.exit_code = Some(0);
-                    return (record, output);
-                }
+                self.materialize(job, spec, &result, call).await.ok()?;
+                Some(self.stderr_of(&result, call).await)
             }
-            Ok(_) => {}
-            Err(e) => ctx.reporter.warn_once(
-                "cache-lookup",
-                &format!("action-cache lookups fail ({e}); compiling locally"),
-            ),
+            Ok(_) => None,
+            Err(e) => {
+                ctx.reporter.warn_once(
+                    "cache-lookup",
+                    &format!("action-cache lookups fail ({e}); compiling locally"),
+                );
+                None
+            }
         }
-        let (record, output) = local.run(ctx, job).await;
-        if record.status == Status::Succeeded
-            && self.upload_results
-            && let Err(e) = self.store_result(spec, &output, call).await
-        {
-            ctx.reporter.warn_once(
-                "cache-upload",
-                &format!("cannot store results in the remote cache ({e})"),
-            );
-        }
-        (record, output)
     }
 
     /// Uploads a successful local compile's outputs and compiler output, then its ActionResult.
@@ -383,7 +405,7 @@ impl RemoteExecutor {
         result: &ActionResult,
         call: &CallContext,
     ) -> Result<(), RemoteFailure> {
-        let staged = StagedOutputs::new(job);
+        let staged = StagedOutputs::new(job).map_err(|e| RemoteFailure::Other(e.to_string()))?;
         for file in &result.output_files {
             let Some((_, local)) = spec.outputs.iter().find(|(name, _)| *name == file.path) else {
                 return Err(RemoteFailure::Other(format!(

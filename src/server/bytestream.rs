@@ -10,7 +10,7 @@ use bazel_remote_apis::google::bytestream::{
     QueryWriteStatusRequest, QueryWriteStatusResponse, ReadRequest, ReadResponse, WriteRequest,
     WriteResponse, byte_stream_server::ByteStream,
 };
-use futures::stream::{self, BoxStream};
+use futures::stream::BoxStream;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status, Streaming};
@@ -142,7 +142,7 @@ impl ByteStream for ByteStreamService {
         &self,
         request: Request<ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
-        self.context.faults.enter("ByteStream.Read").await?;
+        self.context.misbehave("ByteStream.Read").await?;
         let request = request.into_inner();
         let resource = self.resource(&request.resource_name, false)?;
         let digest = &resource.digest;
@@ -157,6 +157,13 @@ impl ByteStream for ByteStreamService {
             })?;
         let limit = u64::try_from(request.read_limit)
             .map_err(|_| Status::invalid_argument("read_limit is negative"))?;
+        if let Some(invented) = self
+            .context
+            .hostile
+            .invented_read(&digest.hash, offset, limit)
+        {
+            return Ok(Response::new(invented));
+        }
         let mut data = self
             .context
             .storage
@@ -179,14 +186,14 @@ impl ByteStream for ByteStreamService {
                 })
             })
             .collect();
-        Ok(Response::new(Box::pin(stream::iter(chunks))))
+        Ok(Response::new(self.context.hostile.read_stream(chunks)))
     }
 
     async fn write(
         &self,
         request: Request<Streaming<WriteRequest>>,
     ) -> Result<Response<WriteResponse>, Status> {
-        self.context.faults.enter("ByteStream.Write").await?;
+        self.context.misbehave("ByteStream.Write").await?;
         let mut stream = request.into_inner();
         let first = stream
             .message()

@@ -3,6 +3,7 @@
 
 use super::digest::BlobDigest;
 use super::faults::Faults;
+use super::hostile::Hostile;
 use super::storage::Storage;
 use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
 use bazel_remote_apis::google::{protobuf::Any, rpc};
@@ -14,6 +15,7 @@ pub struct Context {
     pub instance_name: String,
     pub storage: Storage,
     pub faults: Faults,
+    pub hostile: Hostile,
     /// Largest total of blob bytes one BatchUpdateBlobs or BatchReadBlobs may carry.
     pub max_batch_bytes: u64,
     /// The newest REAPI 2.x minor version advertised in the capabilities.
@@ -28,9 +30,15 @@ impl Context {
         instance_name: &str,
         digest_function: i32,
     ) -> Result<(), Status> {
-        self.faults.enter(rpc).await?;
+        self.misbehave(rpc).await?;
         self.check_instance(instance_name)?;
         check_digest_function(digest_function)
+    }
+
+    /// Fault injection at the start of an RPC: a `--fault-slow` delay, then the faults.
+    pub async fn misbehave(&self, rpc: &'static str) -> Result<(), Status> {
+        self.hostile.slow_down(rpc).await;
+        self.faults.enter(rpc).await
     }
 
     pub fn check_instance(&self, instance_name: &str) -> Result<(), Status> {

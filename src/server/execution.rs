@@ -173,6 +173,8 @@ impl Executor {
                 {
                     response.status = Some(rpc_status(&e));
                 }
+                let mut result = result;
+                self.context.hostile.lie_about(&mut result);
                 response.result = Some(result);
                 response
             }
@@ -275,7 +277,7 @@ impl Execution for ExecutionService {
         &self,
         request: Request<WaitExecutionRequest>,
     ) -> Result<Response<Self::WaitExecutionStream>, Status> {
-        self.0.context.faults.enter("WaitExecution").await?;
+        self.0.context.misbehave("WaitExecution").await?;
         let state = self.0.entry_state(&request.get_ref().name)?;
         // Re-attaching starts from the latest state.
         let latest = state.borrow().len().saturating_sub(1);
@@ -299,7 +301,7 @@ impl Operations for OperationsService {
         &self,
         request: Request<GetOperationRequest>,
     ) -> Result<Response<Operation>, Status> {
-        self.0.context.faults.enter("GetOperation").await?;
+        self.0.context.misbehave("GetOperation").await?;
         let state = self.0.entry_state(&request.get_ref().name)?;
         let latest = state.borrow().last().cloned();
         latest
@@ -318,7 +320,7 @@ impl Operations for OperationsService {
         &self,
         request: Request<CancelOperationRequest>,
     ) -> Result<Response<Empty>, Status> {
-        self.0.context.faults.enter("CancelOperation").await?;
+        self.0.context.misbehave("CancelOperation").await?;
         let name = &request.get_ref().name;
         self.0
             .operations()?

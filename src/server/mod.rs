@@ -14,6 +14,7 @@ mod context;
 mod digest;
 mod execution;
 mod faults;
+mod hostile;
 mod inputs;
 mod isolation;
 mod outputs;
@@ -128,6 +129,43 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_corrupt_reads: u32,
+
+    /// Test knob: delay every call of RPC by MS milliseconds, e.g. `GetActionResult=20000`
+    /// (RPC as for --fault-fail). Repeatable.
+    #[arg(
+        long,
+        value_name = "RPC=MS",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_slow: Vec<hostile::SlowRule>,
+
+    /// Test knob: ByteStream reads `stall` (send their first chunk, then nothing, forever) or
+    /// `drip` (send one byte a second).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = hostile::ReadFault::None,
+        value_name = "HOW",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_reads: hostile::ReadFault,
+
+    /// Test knob: every output file of an executed action claims this size in its digest.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_output_size: Option<u64>,
+
+    /// Test knob: the stderr of every executed action is an invented blob of this size, made up
+    /// on the fly by ByteStream reads (never stored).
+    #[arg(
+        long,
+        value_name = "BYTES",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_stderr_size: Option<u64>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -192,6 +230,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.fault_drop_execute_stream,
             args.fault_delay_ms,
             args.fault_corrupt_reads,
+        ),
+        hostile: hostile::Hostile::new(
+            &args.fault_slow,
+            args.fault_reads,
+            args.fault_output_size,
+            args.fault_stderr_size,
         ),
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,

@@ -1,0 +1,196 @@
+//! Test knobs for a *hostile* server, as opposed to a flaky one (`faults`): one that answers some
+//! RPC very slowly, streams reads that stall or drip a byte a second, or claims outputs and
+//! compiler output far larger than anything a client should load. They exist so that the client's
+//! bounds (no-progress timeouts, size limits, truncated compiler output) can be tested over real
+//! gRPC. All are off by default.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, Digest};
+use bazel_remote_apis::google::bytestream::ReadResponse;
+use futures::stream::{self, BoxStream, StreamExt as _};
+use tonic::Status;
+
+use super::faults::RPC_NAMES;
+
+/// The hash of the blob that [`Hostile::claim_stderr`] makes up: never the hash of real content,
+/// so that it is only ever served by [`Hostile::invented_read`].
+const INVENTED_HASH: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+/// How fast a dripping read sends its bytes.
+const DRIP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Chunk size of an invented blob's read.
+const INVENTED_CHUNK: u64 = 64 * 1024;
+
+/// One `--fault-slow RPC=MS` rule.
+#[derive(Debug, Clone)]
+pub struct SlowRule {
+    rpc: String,
+    delay: Duration,
+}
+
+impl FromStr for SlowRule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || format!("expected RPC=MS (e.g. GetActionResult=20000), got {s:?}");
+        let (rpc, ms) = s.split_once('=').ok_or_else(usage)?;
+        if !RPC_NAMES.contains(&rpc) {
+            return Err(format!(
+                "unknown RPC {rpc:?}; known: {}",
+                RPC_NAMES.join(", ")
+            ));
+        }
+        Ok(SlowRule {
+            rpc: rpc.to_owned(),
+            delay: Duration::from_millis(ms.parse().map_err(|_| usage())?),
+        })
+    }
+}
+
+/// How ByteStream reads misbehave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReadFault {
+    /// Reads behave.
+    #[default]
+    None,
+    /// Send the first chunk, then nothing, forever.
+    Stall,
+    /// Send one byte a second.
+    Drip,
+}
+
+/// The configured hostile behaviours.
+#[derive(Debug, Default)]
+pub struct Hostile {
+    slow: HashMap<String, Duration>,
+    reads: ReadFault,
+    output_size: Option<u64>,
+    stderr_size: Option<u64>,
+}
+
+impl Hostile {
+    pub fn new(
+        slow: &[SlowRule],
+        reads: ReadFault,
+        output_size: Option<u64>,
+        stderr_size: Option<u64>,
+    ) -> Hostile {
+        Hostile {
+            slow: slow.iter().map(|r| (r.rpc.clone(), r.delay)).collect(),
+            reads,
+            output_size,
+            stderr_size,
+        }
+    }
+
+    /// Delays `rpc` if a `--fault-slow` rule names it.
+    pub async fn slow_down(&self, rpc: &str) {
+        if let Some(delay) = self.slow.get(rpc) {
+            tokio::time::sleep(*delay).await;
+        }
+    }
+
+    /// Rewrites an executed action's result the way the knobs say: every output file claims
+    /// `--fault-output-size` bytes, and stderr becomes an invented blob of `--fault-stderr-size`
+    /// bytes (served only by ByteStream reads, never stored).
+    pub fn lie_about(&self, result: &mut ActionResult) {
+        if let Some(size) = self.output_size {
+            for file in &mut result.output_files {
+                if let Some(digest) = &mut file.digest {
+                    digest.size_bytes = i64::try_from(size).unwrap_or(i64::MAX);
+                }
+                file.contents.clear();
+            }
+        }
+        if let Some(size) = self.stderr_size {
+            result.stderr_raw.clear();
+            result.stderr_digest = Some(Digest {
+                hash: INVENTED_HASH.to_owned(),
+                size_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+            });
+        }
+    }
+
+    /// A read of the invented stderr blob: `limit` bytes (0: all) from `offset`, made up on the
+    /// fly so that the server holds none of it. None for any other blob.
+    pub fn invented_read(
+        &self,
+        hash: &str,
+        offset: u64,
+        limit: u64,
+    ) -> Option<BoxStream<'static, Result<ReadResponse, Status>>> {
+        let size = self.stderr_size.filter(|_| hash == INVENTED_HASH)?;
+        let end = if limit == 0 {
+            size
+        } else {
+            size.min(offset.saturating_add(limit))
+        };
+        let chunks = stream::unfold(offset, move |at| async move {
+            (at < end).then(|| {
+                let len = (end - at).min(INVENTED_CHUNK);
+                let data = vec![b'w'; usize::try_from(len).unwrap_or(0)];
+                (Ok(ReadResponse { data }), at + len)
+            })
+        });
+        Some(chunks.boxed())
+    }
+
+    /// The responses of a ByteStream read, misbehaving as `--fault-reads` says.
+    pub fn read_stream(
+        &self,
+        chunks: Vec<Result<ReadResponse, Status>>,
+    ) -> BoxStream<'static, Result<ReadResponse, Status>> {
+        match self.reads {
+            ReadFault::None => stream::iter(chunks).boxed(),
+            ReadFault::Stall => stream::iter(chunks.into_iter().take(1))
+                .chain(stream::pending())
+                .boxed(),
+            ReadFault::Drip => {
+                let bytes: Vec<u8> = chunks
+                    .into_iter()
+                    .filter_map(Result::ok)
+                    .flat_map(|r| r.data)
+                    .collect();
+                stream::iter(bytes)
+                    .then(|byte| async move {
+                        tokio::time::sleep(DRIP_INTERVAL).await;
+                        Ok(ReadResponse { data: vec![byte] })
+                    })
+                    .boxed()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_slow_rules() {
+        let rule: SlowRule = "GetActionResult=1500".parse().unwrap();
+        assert_eq!(rule.delay, Duration::from_millis(1500));
+        assert!("Nope=1".parse::<SlowRule>().is_err());
+        assert!("Execute=soon".parse::<SlowRule>().is_err());
+    }
+
+    #[tokio::test]
+    async fn invents_only_its_own_blob_and_only_what_is_asked() {
+        let hostile = Hostile::new(&[], ReadFault::None, None, Some(200_000));
+        assert!(hostile.invented_read("ab", 0, 0).is_none());
+        let read: Vec<_> = hostile
+            .invented_read(INVENTED_HASH, 10, 100_000)
+            .unwrap()
+            .collect()
+            .await;
+        let total: usize = read.iter().map(|r| r.as_ref().unwrap().data.len()).sum();
+        assert_eq!(total, 100_000);
+        let mut result = ActionResult::default();
+        hostile.lie_about(&mut result);
+        assert_eq!(result.stderr_digest.unwrap().size_bytes, 200_000);
+    }
+}
