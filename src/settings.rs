@@ -49,6 +49,7 @@ pub struct Settings {
     pub remote_compiler: Option<String>,
     pub remote_jobs: usize,
     pub remote_timeout: u64,
+    pub remote_execute_timeout: u64,
     pub remote_retries: u32,
     pub local_fallback: bool,
     pub invocation_id: Option<String>,
@@ -85,6 +86,10 @@ impl Settings {
             remote_compiler: layers.remote_compiler,
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
             remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
+            remote_execute_timeout: layers
+                .remote_execute_timeout
+                .filter(|&n| n > 0)
+                .unwrap_or(3600),
             remote_retries: layers.remote_retries.unwrap_or(5),
             local_fallback: layers.local_fallback.unwrap_or(true),
             invocation_id: layers.invocation_id,
@@ -209,6 +214,16 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_REMOTE_TIMEOUT", value_name = "SECONDS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_timeout: Option<u64>,
+
+    /// Longest wait for one remote execution, in seconds, from Execute to its result, queueing
+    /// and re-attaching included [default: 3600]
+    #[arg(
+        long,
+        env = "DTLTO_REAPI_REMOTE_EXECUTE_TIMEOUT",
+        value_name = "SECONDS"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_execute_timeout: Option<u64>,
 
     /// Retries of a remote call after a transient failure [default: 5]
     #[arg(long, env = "DTLTO_REAPI_REMOTE_RETRIES", value_name = "N")]

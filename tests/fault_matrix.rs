@@ -381,3 +381,141 @@ fn a_worker_without_the_compiler_leaves_the_link_to_the_local_fallback() {
         "cannot run the compiler",
     );
 }
+
+/// The peak resident memory (VmHWM) of the distributor processes working in a directory, sampled
+/// from `/proc` every 20 ms while a link runs.
+struct PeakRss {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    watcher: thread::JoinHandle<Option<u64>>,
+}
+
+impl PeakRss {
+    fn watch(dir: &Path) -> PeakRss {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (dir, exe) = (
+            dir.canonicalize().unwrap(),
+            common::distributor().canonicalize().unwrap(),
+        );
+        let flag = stop.clone();
+        let watcher = thread::spawn(move || {
+            let mut peak = None;
+            while !flag.load(Ordering::Relaxed) {
+                for entry in fs::read_dir("/proc").unwrap().flatten() {
+                    let proc = entry.path();
+                    let ours = fs::read_link(proc.join("exe")).is_ok_and(|e| e == exe)
+                        && fs::read_link(proc.join("cwd")).is_ok_and(|c| c == dir);
+                    let hwm_kib = || -> Option<u64> {
+                        let status = fs::read_to_string(proc.join("status")).ok()?;
+                        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+                        line.split_whitespace().nth(1)?.parse().ok()
+                    };
+                    if let Some(kib) = ours.then(hwm_kib).flatten() {
+                        peak = Some(peak.unwrap_or(0).max(kib * 1024));
+                    }
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            peak
+        });
+        PeakRss { stop, watcher }
+    }
+
+    /// The peak in bytes; panics when no distributor was ever seen (the test could not judge).
+    fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.watcher
+            .join()
+            .unwrap()
+            .expect("the distributor was never seen running")
+    }
+}
+
+/// What a hostile server may cost the distributor in memory, at most.
+const MEMORY_BOUND: u64 = 200 << 20;
+
+/// Links a new [`Case`] through a hostile server with `faults` (and `extra` distributor options),
+/// checking that the program is right, that the link ended within `limit`, and that the
+/// distributor's memory stayed bounded.
+fn link_against_hostile(faults: &[&str], extra: &[&str], limit: Duration) -> (Case, Remote) {
+    let case = Case::new();
+    let server = case.server(faults);
+    let peak = PeakRss::watch(case.project.dir());
+    let remote = case.link(server.url(), "out/app", extra);
+    let peak = peak.finish();
+    eprintln!("the distributor's peak RSS: {} MiB", peak >> 20);
+    case.assert_correct(&remote);
+    assert!(
+        remote.elapsed < limit,
+        "took {:?}\n{}",
+        remote.elapsed,
+        remote.linked.stderr
+    );
+    assert!(
+        peak < MEMORY_BOUND,
+        "peak RSS {} MiB\n{}",
+        peak >> 20,
+        remote.linked.stderr
+    );
+    (case, remote)
+}
+
+/// Objects go through ByteStream (not batches), and a call may wait 2 s.
+const READS_BY_STREAM: [&str; 1] = ["--max-batch-bytes=1024"];
+const SHORT_TIMEOUT: [&str; 1] = ["--remote-timeout=2"];
+
+#[test]
+fn a_read_that_stalls_ends_in_the_local_fallback() {
+    let faults = [READS_BY_STREAM[0], "--fault-reads=stall"];
+    let (_, remote) = link_against_hostile(&faults, &SHORT_TIMEOUT, Duration::from_secs(60));
+    remote.assert_fell_back("DEADLINE_EXCEEDED");
+}
+
+#[test]
+fn a_read_that_drips_a_byte_a_second_ends_in_the_local_fallback() {
+    let faults = [READS_BY_STREAM[0], "--fault-reads=drip"];
+    let (_, remote) = link_against_hostile(&faults, &SHORT_TIMEOUT, Duration::from_secs(60));
+    remote.assert_fell_back("DEADLINE_EXCEEDED");
+}
+
+#[test]
+fn an_output_claiming_a_terabyte_is_a_server_error_and_falls_back() {
+    let (_, remote) = link_against_hostile(
+        &["--fault-output-size=1099511627776"],
+        &[],
+        Duration::from_secs(60),
+    );
+    remote.assert_fell_back("more than the 4 GiB limit");
+}
+
+#[test]
+fn a_gigabyte_of_compiler_output_is_shown_truncated() {
+    let (_, remote) = link_against_hostile(
+        &["--fault-stderr-size=1073741824"],
+        &[],
+        Duration::from_secs(60),
+    );
+    remote.assert_all_ran("remote");
+    let notes = remote
+        .linked
+        .stderr
+        .matches("more bytes of the compiler's output not shown")
+        .count();
+    assert_eq!(notes, JOBS, "one truncated output per job");
+    assert!(
+        remote.linked.stderr.len() < JOBS * 80 << 10,
+        "{} bytes of stderr",
+        remote.linked.stderr.len()
+    );
+}
+
+#[test]
+fn remote_execute_timeout_bounds_the_wait_for_an_execution() {
+    // Every Execute takes 30 s to answer; the link waits 2 s for each, whatever --remote-timeout.
+    let (_, remote) = link_against_hostile(
+        &["--fault-slow=Execute=30000"],
+        &["--remote-execute-timeout=2", "--remote-timeout=60"],
+        Duration::from_secs(25),
+    );
+    remote.assert_fell_back("DEADLINE_EXCEEDED");
+}

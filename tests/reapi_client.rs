@@ -556,3 +556,57 @@ async fn configuration_errors_are_clear() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_stalled_read_is_abandoned_at_the_call_timeout_and_read_again() {
+    // The first read stalls after its first chunk; the next one behaves.
+    let server = Server::start(&["--max-batch-bytes", "1024", "--fault-reads", "stall:1"]).await;
+    let mut opts = options(&server);
+    opts.timeout = Duration::from_secs(1);
+    let client = Client::connect(&opts).await.expect("connect");
+    // 16 MiB: the whole transfer may take 1 s + 16 s, but a stream silent for 1 s is given up.
+    let blob = data(16 << 20, 5);
+    let d = digest::of_bytes(&blob);
+    client
+        .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("blob");
+    let started = std::time::Instant::now();
+    client.download_to_file(&d, &path, &ctx()).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), blob);
+    assert!(client.stats().rpc_retries >= 1);
+}
+
+#[tokio::test]
+async fn impossible_digests_from_the_server_are_server_errors() {
+    let server = Server::start(&[]).await;
+    let client = connect(&server).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("blob");
+    // A digest claiming a terabyte, or a malformed one: nothing is read.
+    for claim in [
+        Digest {
+            hash: "ab".repeat(32),
+            size_bytes: 1 << 40,
+        },
+        Digest {
+            hash: "not hex".into(),
+            size_bytes: 1,
+        },
+    ] {
+        let err = client
+            .download_to_file(&claim, &path, &ctx())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ReapiError::Protocol { .. }), "{err}");
+        assert!(err.is_infrastructure(), "{err}");
+        assert!(!path.exists());
+    }
+}

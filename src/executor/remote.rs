@@ -78,6 +78,7 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
     options.tls.client_cert = settings.tls_client_cert.clone();
     options.tls.client_key = settings.tls_client_key.clone();
     options.timeout = Duration::from_secs(settings.remote_timeout);
+    options.execute_timeout = Duration::from_secs(settings.remote_execute_timeout);
     options.max_retries = settings.remote_retries;
     options.correlated_invocations_id = settings.invocation_id.clone();
     // Every job in flight may hold a call (an Execute stream), plus a few transfers.
@@ -458,20 +459,42 @@ impl RemoteExecutor {
         text
     }
 
+    /// One of the compiler's streams, at most [`MAX_SHOWN_OUTPUT`] bytes of it (with a note saying
+    /// how much was left out): a server may claim gigabytes.
     async fn stream(&self, raw: &[u8], digest: Option<&Digest>, call: &CallContext) -> Vec<u8> {
-        if !raw.is_empty() {
-            return raw.to_vec();
-        }
-        match digest {
-            Some(d) if d.size_bytes > 0 => {
-                self.client.download(d, call).await.unwrap_or_else(|e| {
-                    format!("(cannot fetch the compiler's output: {e})\n").into_bytes()
-                })
+        let (mut text, size) = if !raw.is_empty() {
+            (
+                raw[..raw.len().min(MAX_SHOWN_OUTPUT)].to_vec(),
+                raw.len() as u64,
+            )
+        } else {
+            match digest {
+                Some(d) if d.size_bytes > 0 => {
+                    let limit = MAX_SHOWN_OUTPUT as u64;
+                    match self.client.download_head(d, limit, call).await {
+                        Ok(head) => (head, reapi::digest::size(d)),
+                        Err(e) => {
+                            return format!("(cannot fetch the compiler's output: {e})\n")
+                                .into_bytes();
+                        }
+                    }
+                }
+                _ => return Vec::new(),
             }
-            _ => Vec::new(),
+        };
+        if size > text.len() as u64 {
+            let note = format!(
+                "\n(... {} more bytes of the compiler's output not shown)\n",
+                size - text.len() as u64
+            );
+            text.extend_from_slice(note.as_bytes());
         }
+        text
     }
 }
+
+/// How much of a remote compile's stdout or stderr is shown: plenty for any diagnostic.
+const MAX_SHOWN_OUTPUT: usize = 64 << 10;
 
 /// The paths of a job's outputs inside its action, for the server to inline in cache hits.
 fn output_names(spec: &ActionSpec) -> Vec<String> {
@@ -480,9 +503,14 @@ fn output_names(spec: &ActionSpec) -> Vec<String> {
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.
 fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
+    // Timestamps come from the server: any of them may be absurd, and nothing may overflow.
     let span = |from: &Option<Timestamp>, to: &Option<Timestamp>| -> Option<u64> {
         let (from, to) = (from.as_ref()?, to.as_ref()?);
-        let ms = (to.seconds - from.seconds) * 1000 + i64::from(to.nanos - from.nanos) / 1_000_000;
+        let ms = to
+            .seconds
+            .checked_sub(from.seconds)?
+            .checked_mul(1000)?
+            .checked_add((i64::from(to.nanos) - i64::from(from.nanos)) / 1_000_000)?;
         u64::try_from(ms).ok()
     };
     RemoteTimes {
@@ -500,5 +528,32 @@ fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
             &meta.output_upload_start_timestamp,
             &meta.output_upload_completed_timestamp,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64, nanos: i32) -> Option<Timestamp> {
+        Some(Timestamp { seconds, nanos })
+    }
+
+    #[test]
+    fn remote_times_survive_absurd_timestamps() {
+        let meta = ExecutedActionMetadata {
+            queued_timestamp: at(10, 500_000_000),
+            worker_start_timestamp: at(12, 0),
+            execution_start_timestamp: at(i64::MIN, 0),
+            execution_completed_timestamp: at(i64::MAX, 999_999_999),
+            input_fetch_start_timestamp: at(20, 0),
+            input_fetch_completed_timestamp: at(10, 0),
+            ..Default::default()
+        };
+        let times = remote_times(&meta);
+        assert_eq!(times.queue_ms, Some(1500));
+        assert_eq!(times.execute_ms, None);
+        assert_eq!(times.input_fetch_ms, None);
+        assert_eq!(times.output_upload_ms, None);
     }
 }

@@ -39,6 +39,10 @@ const STREAM_CHUNK: usize = 1 << 20;
 /// a slow link can finish a large object while a stalled one still fails.
 const MIN_THROUGHPUT_BYTES_PER_SEC: u64 = 1 << 20;
 
+/// The largest blob the client downloads (a native object is megabytes): a digest from the server
+/// claiming more is a server error, not a reason to fill the disk or wait for days.
+pub const MAX_DOWNLOAD_BYTES: u64 = 4 << 30;
+
 /// Room for the fields of a batch request or response other than the blobs themselves
 /// (instance name aside): the digest function and, per blob, a status.
 const BATCH_SLACK: usize = 64;
@@ -322,15 +326,22 @@ impl Inner {
         self.deadline() + Duration::from_secs(size / MIN_THROUGHPUT_BYTES_PER_SEC)
     }
 
+    /// Checks a digest the server sent before anything is downloaded for it: a malformed digest or
+    /// an impossible size is the server's fault (and so an infrastructure failure).
     fn check_digest(&self, d: &Digest) -> Result<(), ReapiError> {
-        if digest::is_valid(d) {
-            Ok(())
+        let problem = if !digest::is_valid(d) {
+            format!("malformed digest {}", digest::display(d))
+        } else if digest::size(d) > MAX_DOWNLOAD_BYTES {
+            format!(
+                "blob {} claims {} bytes, more than the {} GiB limit of a download",
+                digest::display(d),
+                d.size_bytes,
+                MAX_DOWNLOAD_BYTES >> 30
+            )
         } else {
-            Err(ReapiError::Config(format!(
-                "malformed digest {}",
-                digest::display(d)
-            )))
-        }
+            return Ok(());
+        };
+        Err(self.protocol_error("ActionResult", problem))
     }
 
     async fn find_missing_chunk(
@@ -654,7 +665,7 @@ impl Inner {
                     .read(self.request(request, ctx, remaining))
                     .await?
                     .into_inner();
-                while let Some(message) = stream.message().await? {
+                while let Some(message) = self.next_message(&mut stream).await? {
                     if hasher.size() + message.data.len() as u64 > size {
                         // Too much data: count it so the digest mismatches, but do not store it.
                         hasher.update(&message.data);
@@ -680,6 +691,71 @@ impl Inner {
                 return Err(self.fail("Read", &status, &attempts));
             }
         }
+    }
+}
+
+impl Inner {
+    /// The next message of a ByteStream read, or DEADLINE_EXCEEDED when none arrives within the
+    /// call timeout: a stream that stalls ends, however long its whole transfer may take.
+    async fn next_message(
+        &self,
+        stream: &mut tonic::Streaming<bs::ReadResponse>,
+    ) -> Result<Option<bs::ReadResponse>, Status> {
+        match tokio::time::timeout(self.timeout, stream.message()).await {
+            Ok(message) => message,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "the read stalled: no data for {} s",
+                self.timeout.as_secs_f64()
+            ))),
+        }
+    }
+}
+
+impl Client {
+    /// The first `limit` bytes of blob `digest`, for showing a compiler's output that may be huge:
+    /// read with a ByteStream `read_limit`, so the rest never travels. Not verified (a prefix
+    /// has no digest to check); a stall ends at the call timeout.
+    pub async fn download_head(
+        &self,
+        digest: &Digest,
+        limit: u64,
+        ctx: &CallContext,
+    ) -> Result<Vec<u8>, ReapiError> {
+        let inner = &self.inner;
+        if !digest::is_valid(digest) {
+            return Err(inner.protocol_error(
+                "ActionResult",
+                format!("malformed digest {}", digest::display(digest)),
+            ));
+        }
+        let request = bs::ReadRequest {
+            resource_name: resource_name(
+                &inner.instance_name,
+                &format!("blobs/{}/{}", digest.hash, digest.size_bytes),
+            ),
+            read_offset: 0,
+            read_limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        };
+        let mut attempts = inner.attempts(inner.deadline());
+        let head = retry::run(&mut attempts, |remaining| {
+            let mut client = inner.byte_stream();
+            let request = inner.request(request.clone(), ctx, remaining);
+            async move {
+                let mut stream = client.read(request).await?.into_inner();
+                let mut head = Vec::new();
+                while (head.len() as u64) < limit
+                    && let Some(message) = inner.next_message(&mut stream).await?
+                {
+                    head.extend_from_slice(&message.data);
+                }
+                head.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                Ok(head)
+            }
+        })
+        .await
+        .map_err(|status| inner.fail("Read", &status, &attempts))?;
+        inner.counters.downloaded(head.len() as u64);
+        Ok(head)
     }
 }
 

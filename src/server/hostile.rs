@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, Digest};
@@ -52,7 +53,7 @@ impl FromStr for SlowRule {
 }
 
 /// How ByteStream reads misbehave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReadFault {
     /// Reads behave.
     #[default]
@@ -63,11 +64,38 @@ pub enum ReadFault {
     Drip,
 }
 
+/// A `--fault-reads HOW[:N]` value: how the first N reads (all without `:N`) misbehave.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadFaults {
+    how: ReadFault,
+    count: u32,
+}
+
+impl FromStr for ReadFaults {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || format!("expected stall, drip, stall:N or drip:N, got {s:?}");
+        let (how, count) = match s.split_once(':') {
+            Some((how, n)) => (how, n.parse().map_err(|_| usage())?),
+            None => (s, u32::MAX),
+        };
+        let how = match how {
+            "stall" => ReadFault::Stall,
+            "drip" => ReadFault::Drip,
+            _ => return Err(usage()),
+        };
+        Ok(ReadFaults { how, count })
+    }
+}
+
 /// The configured hostile behaviours.
 #[derive(Debug, Default)]
 pub struct Hostile {
     slow: HashMap<String, Duration>,
     reads: ReadFault,
+    /// Reads still to misbehave.
+    bad_reads: AtomicU32,
     output_size: Option<u64>,
     stderr_size: Option<u64>,
 }
@@ -75,13 +103,14 @@ pub struct Hostile {
 impl Hostile {
     pub fn new(
         slow: &[SlowRule],
-        reads: ReadFault,
+        reads: Option<ReadFaults>,
         output_size: Option<u64>,
         stderr_size: Option<u64>,
     ) -> Hostile {
         Hostile {
             slow: slow.iter().map(|r| (r.rpc.clone(), r.delay)).collect(),
-            reads,
+            reads: reads.map_or(ReadFault::None, |r| r.how),
+            bad_reads: AtomicU32::new(reads.map_or(0, |r| r.count)),
             output_size,
             stderr_size,
         }
@@ -139,12 +168,21 @@ impl Hostile {
         Some(chunks.boxed())
     }
 
-    /// The responses of a ByteStream read, misbehaving as `--fault-reads` says.
+    /// The responses of a ByteStream read, misbehaving as `--fault-reads` says (while it has reads
+    /// left).
     pub fn read_stream(
         &self,
         chunks: Vec<Result<ReadResponse, Status>>,
     ) -> BoxStream<'static, Result<ReadResponse, Status>> {
-        match self.reads {
+        let misbehave = self
+            .bad_reads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        match if misbehave {
+            self.reads
+        } else {
+            ReadFault::None
+        } {
             ReadFault::None => stream::iter(chunks).boxed(),
             ReadFault::Stall => stream::iter(chunks.into_iter().take(1))
                 .chain(stream::pending())
@@ -178,9 +216,19 @@ mod tests {
         assert!("Execute=soon".parse::<SlowRule>().is_err());
     }
 
+    #[test]
+    fn parses_read_faults() {
+        let faults: ReadFaults = "stall:2".parse().unwrap();
+        assert_eq!((faults.how, faults.count), (ReadFault::Stall, 2));
+        let faults: ReadFaults = "drip".parse().unwrap();
+        assert_eq!((faults.how, faults.count), (ReadFault::Drip, u32::MAX));
+        assert!("slow".parse::<ReadFaults>().is_err());
+        assert!("stall:x".parse::<ReadFaults>().is_err());
+    }
+
     #[tokio::test]
     async fn invents_only_its_own_blob_and_only_what_is_asked() {
-        let hostile = Hostile::new(&[], ReadFault::None, None, Some(200_000));
+        let hostile = Hostile::new(&[], None, None, Some(200_000));
         assert!(hostile.invented_read("ab", 0, 0).is_none());
         let read: Vec<_> = hostile
             .invented_read(INVENTED_HASH, 10, 100_000)

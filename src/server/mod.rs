@@ -140,15 +140,13 @@ pub struct ServeArgs {
     pub fault_slow: Vec<hostile::SlowRule>,
 
     /// Test knob: ByteStream reads `stall` (send their first chunk, then nothing, forever) or
-    /// `drip` (send one byte a second).
+    /// `drip` (send one byte a second); `HOW:N` for the first N reads only.
     #[arg(
         long,
-        value_enum,
-        default_value_t = hostile::ReadFault::None,
-        value_name = "HOW",
+        value_name = "HOW[:N]",
         help_heading = "Test knobs (fault injection)"
     )]
-    pub fault_reads: hostile::ReadFault,
+    pub fault_reads: Option<hostile::ReadFaults>,
 
     /// Test knob: every output file of an executed action claims this size in its digest.
     #[arg(
