@@ -503,7 +503,7 @@ fn a_gigabyte_of_compiler_output_is_shown_truncated() {
         .count();
     assert_eq!(notes, JOBS, "one truncated output per job");
     assert!(
-        remote.linked.stderr.len() < JOBS * 80 << 10,
+        remote.linked.stderr.len() < JOBS * (80 << 10),
         "{} bytes of stderr",
         remote.linked.stderr.len()
     );
