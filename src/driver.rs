@@ -20,6 +20,7 @@ use crate::settings::{Mode, Settings};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
 pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
+    crate::logging::init(settings.verbose);
     let job_file = match JobFile::load(job_file_path) {
         Ok(file) => Arc::new(file),
         Err(e) => {
@@ -81,6 +82,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
             Some(Ok(remote)) => Some(remote),
             // The cluster is down or too slow to answer: the link can still be done here.
             Some(Err(e)) if settings.local_fallback && is_infrastructure(&e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot connect: every job falls back to a local compile");
                 let text = format!("{e:#}; falling back to local compiles");
                 reporter.warn_once("infrastructure", &text);
                 None

@@ -13,6 +13,7 @@ pub mod config;
 pub mod driver;
 pub mod executor;
 pub mod jobs;
+pub mod logging;
 pub mod output;
 pub mod plan;
 pub mod reapi;

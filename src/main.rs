@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{config, driver, server};
+use dtlto_reapi::{config, driver, logging, server};
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -13,7 +13,10 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     match cli.command {
-        Some(Command::Serve(args)) => report(server::run(args)),
+        Some(Command::Serve(args)) => {
+            logging::init(false);
+            report(server::run(args))
+        }
         Some(Command::Config(args)) => {
             let sub = matches.subcommand().map_or(&matches, |(_, m)| m);
             report(

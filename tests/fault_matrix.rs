@@ -519,3 +519,41 @@ fn remote_execute_timeout_bounds_the_wait_for_an_execution() {
     );
     remote.assert_fell_back("DEADLINE_EXCEEDED");
 }
+
+#[test]
+fn verbose_logs_show_retries_with_their_code_and_delay_and_the_execution_stages() {
+    let case = Case::new();
+    let server = case.server(&["--fault-fail=Execute=UNAVAILABLE:1"]);
+    let remote = case.link(server.url(), "out/app", &["--verbose"]);
+    case.assert_correct(&remote);
+    let stderr = &remote.linked.stderr;
+    let retry = stderr
+        .lines()
+        .find(|l| l.contains("retrying a remote call"))
+        .unwrap_or_else(|| panic!("no retry event\n{stderr}"));
+    // The server's RetryInfo asks for 50 ms.
+    assert!(
+        retry.contains("code=Unavailable") && retry.contains("delay_ms=50"),
+        "{retry}"
+    );
+    assert!(
+        stderr.contains("remote execution stage") && stderr.contains("stage=Executing"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn logs_show_why_jobs_fell_back() {
+    let case = Case::new();
+    let server = case.server(&["--fault-output-size=1099511627776"]);
+    let remote = case.link(server.url(), "out/app", &["--verbose"]);
+    case.assert_correct(&remote);
+    let events = remote
+        .linked
+        .stderr
+        .lines()
+        .filter(|l| l.contains("remote execution failed; compiling locally"))
+        .count();
+    // One event per job (the user-facing warning is once per cause).
+    assert_eq!(events, JOBS, "{}", remote.linked.stderr);
+}

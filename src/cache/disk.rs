@@ -368,6 +368,7 @@ impl DiskCache {
         }
         let shard = self.root.join(namespace.dir_name()).join(&digest.hash[..2]);
         if fs::symlink_metadata(&shard).is_ok_and(|m| !m.is_dir()) {
+            tracing::warn!(shard = %shard.display(), "disk cache: removing what is not a directory");
             let _ = fs::remove_file(&shard);
         }
         Some(shard.join(&digest.hash))
@@ -429,6 +430,11 @@ impl DiskCache {
             return Ok(total);
         }
         let target = self.max_bytes - self.max_bytes / 10;
+        tracing::info!(
+            total,
+            bound = self.max_bytes,
+            "disk cache: over its bound, evicting"
+        );
         entries.sort_by_key(|e| e.used);
         for entry in entries {
             if total <= target {
@@ -580,6 +586,7 @@ fn check_private(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
 /// Deletes a damaged entry. Best effort: if it cannot be deleted it is still a miss, and a later
 /// store replaces it.
 fn remove_entry(path: &Path) {
+    tracing::warn!(entry = %path.display(), "disk cache: removing a damaged entry");
     let _ = fs::remove_file(path);
 }
 
@@ -642,6 +649,7 @@ fn remove_stale_temps(dir: &Path) {
             .and_then(|t| now.duration_since(t).ok())
             .is_some_and(|age| age > STALE_TEMP_AGE);
         if stale {
+            tracing::info!(file = %file.path().display(), "disk cache: removing a stale temporary file");
             let _ = fs::remove_file(file.path());
         }
     }

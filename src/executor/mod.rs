@@ -344,6 +344,7 @@ impl Runner {
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         if let Err(e) = stored {
+            tracing::warn!(error = %e, "cannot store a result in the disk cache");
             let text = format!(
                 "cannot store results in the disk cache {}: {e}",
                 dir.display()
@@ -383,6 +384,7 @@ async fn open_disk_cache(
     match opened {
         Ok(disk) => Some(Arc::new(disk)),
         Err(e) => {
+            tracing::warn!(error = %e, "cannot open the disk cache");
             let text = format!("{e}; the link goes on without the disk cache");
             ctx.reporter.warn_once("disk-cache-open", &text);
             None

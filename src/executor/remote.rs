@@ -195,6 +195,7 @@ impl RemoteExecutor {
                 record
             }
             Err(RemoteFailure::Infrastructure(reason)) if self.local_fallback => {
+                tracing::warn!(job = %job.label(), %reason, "remote execution failed; compiling locally");
                 ctx.reporter.warn_once(
                     "infrastructure",
                     &format!("remote execution failed ({reason}); falling back to local compiles"),

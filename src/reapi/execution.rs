@@ -132,6 +132,12 @@ impl Client {
                 &mut progressed,
                 |s| {
                     if stage != Some(s) {
+                        tracing::debug!(
+                            action = %ctx.action_id,
+                            target = %ctx.target_id,
+                            stage = ?s,
+                            "remote execution stage"
+                        );
                         stage = Some(s);
                         on_stage(s);
                     }

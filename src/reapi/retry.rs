@@ -119,6 +119,13 @@ impl<'a> Attempts<'a> {
         if Instant::now() + delay >= self.deadline {
             return false;
         }
+        tracing::info!(
+            code = ?status.code(),
+            reason = status.message(),
+            delay_ms = delay.as_millis(),
+            retry = self.retries + 1,
+            "retrying a remote call"
+        );
         tokio::time::sleep(delay).await;
         self.retries += 1;
         self.counter.fetch_add(1, Ordering::Relaxed);
