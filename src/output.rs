@@ -40,10 +40,7 @@ impl StagedOutputs {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let dir = match output.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
+            let dir = directory_of(output);
             let reserved = tempfile::Builder::new()
                 .prefix(&format!(".{name}{MARKER}{pid}-"))
                 .suffix(SUFFIX)
@@ -126,21 +123,22 @@ impl Drop for StagedOutputs {
     }
 }
 
+/// The directory a file is in (`.` for a bare file name).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
 /// What every staged name carries before the process id, and what it ends with.
 const MARKER: &str = ".dtlto-";
 const SUFFIX: &str = ".tmp";
 
-/// Removes the staged files that runs no longer alive left in the directories of `job_file`'s
-/// outputs (a run killed with SIGKILL, or that exited at a second Ctrl-C). Best effort: what cannot
+/// Removes the staged files that runs no longer alive left in the directories of `outputs` (a run killed with SIGKILL, or that exited at a second Ctrl-C). Best effort: what cannot
 /// be listed or removed stays.
 pub fn remove_leftovers(outputs: &[&Path]) {
-    let dirs: BTreeSet<&Path> = outputs
-        .iter()
-        .map(|output| match output.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        })
-        .collect();
+    let dirs: BTreeSet<&Path> = outputs.iter().map(|output| directory_of(output)).collect();
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
@@ -177,10 +175,7 @@ fn is_alive(pid: libc::pid_t) -> bool {
 /// the distributor itself produces, such as `--stats-json`.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = directory_of(path);
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.persist(path).map_err(|e| e.error)?;

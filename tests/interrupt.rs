@@ -146,20 +146,23 @@ fn sigint_kills_the_compiles_and_leaves_no_output() {
     interrupt_with(libc::SIGINT, 128 + libc::SIGINT);
 }
 
-#[test]
-fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
+/// Links `jobs` hanging jobs through a server started with `server_args`, with `extra` distributor
+/// options; sends SIGTERM after `after` and checks that the distributor exits within 2 s, saying
+/// it was interrupted. Returns the link's directory.
+fn interrupt_a_remote_link(
+    server_args: &[&str],
+    extra: &[&str],
+    jobs: usize,
+    after: Duration,
+) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let job_file = hanging_link(dir.path(), 1);
-    // Every RPC of this server takes 20 s: the client is still reading its capabilities.
-    let server = common::Server::start(["--fault-delay-ms=20000"]);
-    let child = spawn_distributor(
-        dir.path(),
-        &[
-            format!("--remote={}", server.url()),
-            job_file.display().to_string(),
-        ],
-    );
-    std::thread::sleep(Duration::from_millis(500));
+    let job_file = hanging_link(dir.path(), jobs);
+    let server = common::Server::start(server_args);
+    let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    args.push(format!("--remote={}", server.url()));
+    args.push(job_file.display().to_string());
+    let child = spawn_distributor(dir.path(), &args);
+    std::thread::sleep(after);
     let (status, took, stderr) = signal_and_wait(child, libc::SIGTERM);
     assert!(
         took < Duration::from_secs(2),
@@ -167,6 +170,18 @@ fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
     );
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
     assert!(stderr.contains("interrupted"), "{stderr}");
+    dir
+}
+
+#[test]
+fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
+    // Every RPC of this server takes 20 s: the client is still reading its capabilities.
+    interrupt_a_remote_link(
+        &["--fault-delay-ms=20000"],
+        &[],
+        1,
+        Duration::from_millis(500),
+    );
 }
 
 #[test]
@@ -287,26 +302,13 @@ fn sighup_is_handled_like_sigterm() {
 
 #[test]
 fn an_interrupted_cache_only_link_stops_waiting_for_the_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let job_file = hanging_link(dir.path(), 2);
     // Connecting is quick; every action-cache lookup takes 20 s.
-    let server = common::Server::start(["--fault-slow=GetActionResult=20000"]);
-    let child = spawn_distributor(
-        dir.path(),
-        &[
-            "--mode=cache-only".to_owned(),
-            format!("--remote={}", server.url()),
-            job_file.display().to_string(),
-        ],
+    let dir = interrupt_a_remote_link(
+        &["--fault-slow=GetActionResult=20000"],
+        &["--mode=cache-only"],
+        2,
+        Duration::from_millis(1500),
     );
-    std::thread::sleep(Duration::from_millis(1500));
-    let (status, took, stderr) = signal_and_wait(child, libc::SIGTERM);
-    assert!(
-        took < Duration::from_secs(2),
-        "took {took:?} to exit: {stderr}"
-    );
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{stderr}");
-    assert!(stderr.contains("interrupted"), "{stderr}");
     assert!(
         !dir.path().join("groups").exists(),
         "no compile ran: the lookups were still waiting"

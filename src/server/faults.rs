@@ -45,17 +45,24 @@ impl FromStr for FailRule {
         let usage = || format!("expected RPC=CODE:N (e.g. Execute=UNAVAILABLE:2), got {s:?}");
         let (rpc, rest) = s.split_once('=').ok_or_else(usage)?;
         let (code, count) = rest.rsplit_once(':').ok_or_else(usage)?;
-        if !RPC_NAMES.contains(&rpc) {
-            return Err(format!(
-                "unknown RPC {rpc:?}; known: {}",
-                RPC_NAMES.join(", ")
-            ));
-        }
+        check_rpc_name(rpc)?;
         Ok(Self {
             rpc: rpc.to_owned(),
             code: parse_code(code).ok_or_else(|| format!("unknown status code {code:?}"))?,
             count: count.parse().map_err(|_| usage())?,
         })
+    }
+}
+
+/// Checks that a knob names an RPC the server has.
+pub fn check_rpc_name(rpc: &str) -> Result<(), String> {
+    if RPC_NAMES.contains(&rpc) {
+        Ok(())
+    } else {
+        Err(format!(
+            "unknown RPC {rpc:?}; known: {}",
+            RPC_NAMES.join(", ")
+        ))
     }
 }
 

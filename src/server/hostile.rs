@@ -14,7 +14,7 @@ use bazel_remote_apis::google::bytestream::ReadResponse;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use tonic::Status;
 
-use super::faults::RPC_NAMES;
+use super::faults::check_rpc_name;
 
 /// The hash of the blob that [`Hostile::claim_stderr`] makes up: never the hash of real content,
 /// so that it is only ever served by [`Hostile::invented_read`].
@@ -39,12 +39,7 @@ impl FromStr for SlowRule {
     fn from_str(s: &str) -> Result<Self, String> {
         let usage = || format!("expected RPC=MS (e.g. GetActionResult=20000), got {s:?}");
         let (rpc, ms) = s.split_once('=').ok_or_else(usage)?;
-        if !RPC_NAMES.contains(&rpc) {
-            return Err(format!(
-                "unknown RPC {rpc:?}; known: {}",
-                RPC_NAMES.join(", ")
-            ));
-        }
+        check_rpc_name(rpc)?;
         Ok(SlowRule {
             rpc: rpc.to_owned(),
             delay: Duration::from_millis(ms.parse().map_err(|_| usage())?),
