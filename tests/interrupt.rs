@@ -255,6 +255,16 @@ fn compiler_pids(dir: &Path, count: usize) -> Vec<i32> {
     pids()
 }
 
+/// Asserts that every process of `pids` is gone within 2 s.
+fn assert_all_died(pids: &[i32]) {
+    for &pid in pids {
+        assert!(
+            eventually(Duration::from_secs(2), || !running(pid)),
+            "compile {pid} outlived the distributor"
+        );
+    }
+}
+
 #[test]
 fn sigkill_of_the_distributor_kills_its_compiles() {
     let dir = tempfile::tempdir().unwrap();
@@ -266,12 +276,7 @@ fn sigkill_of_the_distributor_kills_its_compiles() {
     let pids = compiler_pids(dir.path(), 2);
     child.kill().unwrap();
     child.wait().unwrap();
-    for pid in pids {
-        assert!(
-            eventually(Duration::from_secs(2), || !running(pid)),
-            "compile {pid} outlived the distributor"
-        );
-    }
+    assert_all_died(&pids);
 }
 
 #[test]
@@ -287,12 +292,7 @@ fn a_second_ctrl_c_exits_at_once() {
     assert_eq!(status.code(), Some(128 + libc::SIGINT), "{stderr}");
     assert!(stderr.contains("interrupted again"), "{stderr}");
     // The compile, which ignores SIGTERM, did not get its grace period, and still died.
-    for pid in pids {
-        assert!(
-            eventually(Duration::from_secs(2), || !running(pid)),
-            "compile {pid} outlived the distributor"
-        );
-    }
+    assert_all_died(&pids);
 }
 
 #[test]
