@@ -5,6 +5,8 @@
 //! delay the server asks for in a `google.rpc.RetryInfo`), bounded both by a retry count and by the
 //! call's overall deadline. Every RPC this client makes is idempotent (reads, content-addressed
 //! writes, and Execute of a given action), so DEADLINE_EXCEEDED and ABORTED are retried as well.
+//! A call the server answers UNAUTHENTICATED is repeated, without waiting, once the credential
+//! helper has supplied new credentials.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +15,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
+
+use super::credentials::Credentials;
+
+/// Times one call is repeated with new credentials after UNAUTHENTICATED.
+const MAX_REAUTHENTICATIONS: u32 = 2;
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone)]
@@ -78,6 +85,9 @@ pub(crate) struct Attempts<'a> {
     deadline: Instant,
     retries: u32,
     counter: &'a AtomicU64,
+    /// The credentials the call carries, and which fetch of them.
+    credentials: Option<(&'a Credentials, u64)>,
+    reauthentications: u32,
 }
 
 impl<'a> Attempts<'a> {
@@ -88,6 +98,21 @@ impl<'a> Attempts<'a> {
             deadline,
             retries: 0,
             counter,
+            credentials: None,
+            reauthentications: 0,
+        }
+    }
+
+    /// Lets the call be repeated with new credentials from `credentials` after UNAUTHENTICATED.
+    pub(crate) fn authenticating(mut self, credentials: &'a Credentials) -> Self {
+        self.credentials = Some((credentials, credentials.generation()));
+        self
+    }
+
+    /// Records that the call succeeded, so its credentials were accepted.
+    pub(crate) fn succeeded(&self) {
+        if let Some((credentials, generation)) = self.credentials {
+            credentials.accepted(generation);
         }
     }
 
@@ -112,6 +137,9 @@ impl<'a> Attempts<'a> {
     /// Decides whether to try again after `status`; if so, waits the backoff first. Returns false
     /// when the status is permanent, the retries are spent, or the wait would pass the deadline.
     pub(crate) async fn retry_after(&mut self, status: &Status) -> bool {
+        if status.code() == Code::Unauthenticated {
+            return self.reauthenticate().await;
+        }
         if !is_transient(status.code()) || self.retries >= self.policy.max_retries {
             return false;
         }
@@ -123,6 +151,26 @@ impl<'a> Attempts<'a> {
         self.retries += 1;
         self.counter.fetch_add(1, Ordering::Relaxed);
         true
+    }
+}
+
+impl Attempts<'_> {
+    /// After UNAUTHENTICATED: whether new credentials are there to try (the helper ran again).
+    async fn reauthenticate(&mut self) -> bool {
+        let Some((credentials, seen)) = self.credentials else {
+            return false;
+        };
+        if self.reauthentications >= MAX_REAUTHENTICATIONS {
+            return false;
+        }
+        match credentials.refresh_after_rejection(seen).await {
+            Some(generation) => {
+                self.credentials = Some((credentials, generation));
+                self.reauthentications += 1;
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -138,7 +186,10 @@ where
             return Err(deadline_passed());
         };
         let status = match tokio::time::timeout(remaining, call(remaining)).await {
-            Ok(Ok(value)) => return Ok(value),
+            Ok(Ok(value)) => {
+                attempts.succeeded();
+                return Ok(value);
+            }
             Ok(Err(status)) => status,
             Err(_) => deadline_passed(),
         };
