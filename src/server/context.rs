@@ -18,6 +18,8 @@ pub struct Context {
     pub max_batch_bytes: u64,
     /// The newest REAPI 2.x minor version advertised in the capabilities.
     pub api_minor_version: i32,
+    /// Whether actions are executed (`--no-execution` makes the server a cache only).
+    pub exec_enabled: bool,
 }
 
 impl Context {

@@ -7,6 +7,7 @@
 //! This file holds the command line and the wiring; each service lives in its own module.
 
 mod action_cache;
+mod auth;
 mod bytestream;
 mod capabilities;
 mod cas;
@@ -82,6 +83,16 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..=3), value_name = "N")]
     pub api_minor_version: i32,
 
+    /// Answer calls without this header UNAUTHENTICATED; a VALUE of file:PATH is the content of
+    /// PATH, read at every call (repeatable)
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub require_header: Vec<auth::RequiredHeader>,
+
+    /// Serve as a cache only: the capabilities say execution is disabled and Execute answers
+    /// UNIMPLEMENTED
+    #[arg(long)]
+    pub no_execution: bool,
+
     /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
     /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
     /// FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, GetTree, ByteStream.Read,
@@ -122,6 +133,11 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_corrupt_reads: u32,
+
+    /// Test knob: each credential value (of the --require-header headers) is accepted for N
+    /// calls, then answered UNAUTHENTICATED as expired, so that clients must fetch new ones.
+    #[arg(long, value_name = "N", help_heading = "Test knobs (fault injection)")]
+    pub fault_expire_credentials: Option<u32>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -189,6 +205,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ),
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,
+        exec_enabled: !args.no_execution,
     });
     let workers = args
         .workers
@@ -211,7 +228,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or(usize::MAX)
         .max(4 << 20)
         .saturating_add(MESSAGE_OVERHEAD);
+    let auth = auth::Auth::new(&args.require_header, args.fault_expire_credentials);
+    let actions = (!args.no_execution).then_some(executor);
     let router = tonic::transport::Server::builder()
+        .layer(tonic::service::InterceptorLayer::new(auth))
         .add_service(CapabilitiesServer::new(capabilities::CapabilitiesService(
             context.clone(),
         )))
@@ -229,12 +249,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .max_decoding_message_size(message_limit)
                 .max_encoding_message_size(message_limit),
         )
-        .add_service(ExecutionServer::new(execution::ExecutionService(
-            executor.clone(),
-        )))
-        .add_service(OperationsServer::new(execution::OperationsService(
-            executor,
-        )));
+        // Without execution, the services are absent and their calls UNIMPLEMENTED.
+        .add_optional_service(
+            actions
+                .clone()
+                .map(|e| ExecutionServer::new(execution::ExecutionService(e))),
+        )
+        .add_optional_service(
+            actions.map(|e| OperationsServer::new(execution::OperationsService(e))),
+        );
 
     let stop = shutdown.clone();
     tokio::spawn(async move {
