@@ -467,7 +467,7 @@ fn output_names(spec: &ActionSpec) -> Vec<String> {
 }
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.
-fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
+pub(crate) fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
     let span = |from: &Option<Timestamp>, to: &Option<Timestamp>| -> Option<u64> {
         let (from, to) = (from.as_ref()?, to.as_ref()?);
         let ms = (to.seconds - from.seconds) * 1000 + i64::from(to.nanos - from.nanos) / 1_000_000;

@@ -163,8 +163,12 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
+        let part = e.to_string();
+        // Layers often repeat their cause's message.
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         cause = e.source();
     }
     text

@@ -201,6 +201,11 @@ impl Client {
         })
     }
 
+    /// Asks the server for its capabilities again, in full (the client keeps only what it uses).
+    pub async fn fetch_capabilities(&self) -> Result<re::ServerCapabilities, ReapiError> {
+        self.inner.fetch_capabilities().await
+    }
+
     /// What the server said it can do when the client connected.
     pub fn capabilities(&self) -> &ServerCapabilities {
         &self.inner.capabilities
@@ -254,6 +259,10 @@ impl Inner {
     }
 
     async fn read_capabilities(&self) -> Result<ServerCapabilities, ReapiError> {
+        ServerCapabilities::from_proto(&self.endpoint, &self.fetch_capabilities().await?)
+    }
+
+    async fn fetch_capabilities(&self) -> Result<re::ServerCapabilities, ReapiError> {
         let request = re::GetCapabilitiesRequest {
             instance_name: self.instance_name.clone(),
         };
@@ -266,7 +275,7 @@ impl Inner {
         })
         .await
         .map_err(|status| self.fail("GetCapabilities", &status, &attempts))?;
-        ServerCapabilities::from_proto(&self.endpoint, caps.get_ref())
+        Ok(caps.into_inner())
     }
 
     /// A request carrying `message`, the metadata for `ctx` and a gRPC deadline of `timeout`.
