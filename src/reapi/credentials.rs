@@ -210,7 +210,7 @@ struct State {
     headers: Arc<Vec<Header>>,
     /// Fetched because the server refused the previous ones.
     after_rejection: bool,
-    /// A call carrying them succeeded.
+    /// A call carrying them ended without being refused.
     accepted: bool,
 }
 
@@ -299,7 +299,7 @@ impl Credentials {
         self.state.read().map_or(0, |s| s.generation)
     }
 
-    /// Records that a call sent with the headers of `generation` succeeded.
+    /// Records that a call sent with the headers of `generation` was not refused.
     pub(crate) fn accepted(&self, generation: u64) {
         if let Ok(mut state) = self.state.write()
             && state.generation == generation
@@ -310,7 +310,8 @@ impl Credentials {
 
     /// After the server refused the headers of `seen`: runs the helper again unless another call
     /// already did. Returns the generation to retry with, or `None` when retrying cannot help: no
-    /// helper, the helper failed, or its last answer was itself a retry that was never accepted.
+    /// helper, the helper failed, or its last answer was itself fetched after a refusal and no call
+    /// has vouched for it yet (so a helper whose answers are always refused is not run in a loop).
     pub(crate) async fn refresh_after_rejection(&self, seen: u64) -> Option<u64> {
         let helper = self.helper.as_ref()?;
         let _running = self.refreshing.lock().await;

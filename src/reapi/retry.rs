@@ -88,6 +88,20 @@ pub(crate) struct Attempts<'a> {
     /// The credentials the call carries, and which fetch of them.
     credentials: Option<(&'a Credentials, u64)>,
     reauthentications: u32,
+    /// The last answer was UNAUTHENTICATED.
+    refused: bool,
+}
+
+/// A call that ends without its credentials refused (succeeded, or failed for another reason)
+/// vouches for them: if they are refused later, asking the helper again is worth it.
+impl Drop for Attempts<'_> {
+    fn drop(&mut self) {
+        if let Some((credentials, generation)) = self.credentials
+            && !self.refused
+        {
+            credentials.accepted(generation);
+        }
+    }
 }
 
 impl<'a> Attempts<'a> {
@@ -100,6 +114,7 @@ impl<'a> Attempts<'a> {
             counter,
             credentials: None,
             reauthentications: 0,
+            refused: false,
         }
     }
 
@@ -107,13 +122,6 @@ impl<'a> Attempts<'a> {
     pub(crate) fn authenticating(mut self, credentials: &'a Credentials) -> Self {
         self.credentials = Some((credentials, credentials.generation()));
         self
-    }
-
-    /// Records that the call succeeded, so its credentials were accepted.
-    pub(crate) fn succeeded(&self) {
-        if let Some((credentials, generation)) = self.credentials {
-            credentials.accepted(generation);
-        }
     }
 
     /// Time left before the deadline, `None` once it has passed.
@@ -137,7 +145,8 @@ impl<'a> Attempts<'a> {
     /// Decides whether to try again after `status`; if so, waits the backoff first. Returns false
     /// when the status is permanent, the retries are spent, or the wait would pass the deadline.
     pub(crate) async fn retry_after(&mut self, status: &Status) -> bool {
-        if status.code() == Code::Unauthenticated {
+        self.refused = status.code() == Code::Unauthenticated;
+        if self.refused {
             return self.reauthenticate().await;
         }
         if !is_transient(status.code()) || self.retries >= self.policy.max_retries {
@@ -186,10 +195,7 @@ where
             return Err(deadline_passed());
         };
         let status = match tokio::time::timeout(remaining, call(remaining)).await {
-            Ok(Ok(value)) => {
-                attempts.succeeded();
-                return Ok(value);
-            }
+            Ok(Ok(value)) => return Ok(value),
             Ok(Err(status)) => status,
             Err(_) => deadline_passed(),
         };
