@@ -1,8 +1,9 @@
 //! `dtlto-reapi serve`: a small, real REAPI v2 server for tests, CI and single-machine use. It
 //! stores blobs and action results (in memory or under `--cas-dir`), runs actions with local
 //! workers, can hide directories from actions (`--hide`) the way a remote cluster cannot see the
-//! client's files, and has fault-injection knobs for testing clients. It is not a production
-//! cluster: use Buildbarn, BuildBuddy, NativeLink or BuildGrid for that.
+//! client's files, can require a header (a fixed API key) and serve as a cache only, and has
+//! fault-injection knobs for testing clients. It is not a production cluster: use Buildbarn,
+//! BuildBuddy, NativeLink or BuildGrid for that.
 //!
 //! This file holds the command line and the wiring; each service lives in its own module.
 
