@@ -64,15 +64,8 @@ fn millis(d: Duration) -> String {
 
 /// Runs every check and returns the exit status: success only if a link would work.
 pub fn run(settings: &Settings, compiler: Option<&Path>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = crate::driver::runtime() else {
+        return ExitCode::FAILURE;
     };
     if runtime.block_on(check(settings, compiler)) {
         println!("dtlto-reapi check: a link with these settings would work");
