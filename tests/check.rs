@@ -183,3 +183,19 @@ fn a_compiler_the_workers_cannot_run_fails_the_execution_step() {
         "--remote-compiler",
     );
 }
+
+#[test]
+fn platform_properties_the_workers_do_not_offer_fail_the_execution_step() {
+    let server = Server::start(["--platform", "OSFamily=linux"]);
+    let clang = toolchain().clang.display().to_string();
+    let remote = format!("--remote={}", server.url());
+    let out = check(&[&remote, "--platform=OSFamily=windows", "--compiler", &clang]);
+    assert_fails_at(
+        &out,
+        "remote execution",
+        "no worker offers platform property OSFamily=windows",
+        "check --platform",
+    );
+    let out = check(&[&remote, "--platform=OSFamily=linux", "--compiler", &clang]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}

@@ -32,7 +32,7 @@ pub enum ReapiError {
     CredentialHelper { helper: String, what: String },
 
     /// An RPC failed with a gRPC status (after any retries).
-    #[error("{rpc} on {endpoint} failed with {}: {message}{}{}", code_name(*.code), retries_note(*.retries), advice(rpc, *.code))]
+    #[error("{rpc} on {endpoint} failed with {}: {message}{}{}", code_name(*.code), retries_note(*.retries), advice(rpc, *.code, missing_blobs))]
     Rpc {
         rpc: &'static str,
         endpoint: String,
@@ -91,8 +91,9 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// What to check when a call fails with `code`, for the codes that point at the configuration.
-fn advice(rpc: &str, code: Code) -> &'static str {
+/// What to check when a call fails with `code`, for the codes that point at the configuration
+/// (missing input blobs are no configuration problem: they are uploaded again).
+fn advice(rpc: &str, code: Code, missing_blobs: &[Digest]) -> &'static str {
     match code {
         Code::Unauthenticated => {
             " (the server did not accept the credentials: check --remote-header and \
@@ -104,6 +105,9 @@ fn advice(rpc: &str, code: Code) -> &'static str {
         }
         Code::NotFound if rpc == "GetCapabilities" => {
             " (the server does not know this instance: check --instance-name)"
+        }
+        Code::FailedPrecondition if rpc == "Execute" && missing_blobs.is_empty() => {
+            " (no worker may take this action: check --platform against what the workers offer)"
         }
         _ => "",
     }
@@ -256,5 +260,12 @@ mod tests {
         assert!(auth.contains("--credential-helper"), "{auth}");
         let denied = e(Code::PermissionDenied).to_string();
         assert!(denied.contains("--instance-name"), "{denied}");
+        let unmatched = ReapiError::rpc(
+            "Execute",
+            "e",
+            &tonic::Status::failed_precondition("no worker"),
+            0,
+        );
+        assert!(unmatched.to_string().contains("--platform"), "{unmatched}");
     }
 }

@@ -4,7 +4,7 @@
 use super::digest::BlobDigest;
 use super::faults::Faults;
 use super::storage::Storage;
-use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
+use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, digest_function};
 use bazel_remote_apis::google::{protobuf::Any, rpc};
 use prost::Message;
 use tonic::{Code, Status};
@@ -20,6 +20,8 @@ pub struct Context {
     pub api_minor_version: i32,
     /// Whether actions are executed (`--no-execution` makes the server a cache only).
     pub exec_enabled: bool,
+    /// The platform properties the workers offer (`--platform`); `None` accepts any.
+    pub platform: Option<Vec<(String, String)>>,
 }
 
 impl Context {
@@ -33,6 +35,32 @@ impl Context {
         self.faults.enter(rpc).await?;
         self.check_instance(instance_name)?;
         check_digest_function(digest_function)
+    }
+
+    /// Refuses an action asking for a platform property no worker offers, as a scheduler without
+    /// a matching worker does.
+    pub fn check_platform(&self, action: &Action, command: &Command) -> Result<(), Status> {
+        let Some(offered) = &self.platform else {
+            return Ok(());
+        };
+        #[allow(deprecated)] // Command.platform: older clients put the properties there
+        let asked = action.platform.iter().chain(command.platform.iter());
+        for property in asked.flat_map(|p| &p.properties) {
+            if !offered
+                .iter()
+                .any(|(name, value)| *name == property.name && *value == property.value)
+            {
+                let offered: Vec<String> =
+                    offered.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                return Err(Status::failed_precondition(format!(
+                    "no worker offers platform property {}={} (the workers offer {})",
+                    property.name,
+                    property.value,
+                    offered.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn check_instance(&self, instance_name: &str) -> Result<(), Status> {

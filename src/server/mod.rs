@@ -94,6 +94,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_execution: bool,
 
+    /// A platform property the workers offer (repeatable): an action asking for any other gets
+    /// FAILED_PRECONDITION, as a scheduler without a matching worker answers [default: any
+    /// property is accepted]
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_property)]
+    pub platform: Vec<(String, String)>,
+
     /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
     /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
     /// FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, GetTree, ByteStream.Read,
@@ -148,6 +154,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(serve(args))
+}
+
+/// `NAME=VALUE` of `--platform`.
+fn parse_property(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err("expected NAME=VALUE".to_owned()),
+    }
 }
 
 /// Where to listen, parsed from `--listen`.
@@ -207,6 +221,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,
         exec_enabled: !args.no_execution,
+        platform: (!args.platform.is_empty()).then(|| args.platform.clone()),
     });
     let workers = args
         .workers
