@@ -126,7 +126,7 @@ impl Helper {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| fail(format!("cannot be started: {e}")))?;
-        let group = child.id().and_then(|id| libc::pid_t::try_from(id).ok());
+        let mut group = KillGroupOnDrop(child.id().and_then(|id| libc::pid_t::try_from(id).ok()));
         let request = serde_json::json!({ "uri": self.uri }).to_string();
         let mut stdin = child.stdin.take();
         let talk = async move {
@@ -141,17 +141,14 @@ impl Helper {
             Ok(Ok(output)) => output,
             Ok(Err(e)) => return Err(fail(format!("cannot be run: {e}"))),
             Err(_) => {
-                if let Some(group) = group {
-                    // SAFETY: kill(2) on the process group of our own child, still unreaped
-                    // (dropping `talk` reaps it, after this).
-                    unsafe { libc::kill(-group, libc::SIGKILL) };
-                }
                 return Err(fail(format!(
                     "did not answer within {} s and was killed (see --credential-helper-timeout)",
                     self.timeout.as_secs()
                 )));
             }
         };
+        // It finished: whatever it left running (an agent, say) is its business.
+        group.0 = None;
         if !output.status.success() {
             return Err(fail(format!(
                 "failed ({}): {}",
@@ -160,6 +157,20 @@ impl Helper {
             )));
         }
         parse_response(&output.stdout).map_err(fail)
+    }
+}
+
+/// Kills a helper's process group unless disarmed: a helper that hangs, or whose link is
+/// interrupted, goes with everything it started.
+struct KillGroupOnDrop(Option<libc::pid_t>);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            // SAFETY: kill(2) on the process group our child leads (it was started with
+            // process_group(0)); ESRCH, when nothing of it is left, is harmless.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
     }
 }
 
