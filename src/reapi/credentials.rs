@@ -312,7 +312,14 @@ impl Credentials {
 
     /// Records that a call sent with the headers of `generation` was not refused.
     pub(crate) fn accepted(&self, generation: u64) {
-        if let Ok(mut state) = self.state.write()
+        // Every call ends here: take the write lock only the first time.
+        let news = self.helper.is_some()
+            && self
+                .state
+                .read()
+                .is_ok_and(|s| s.generation == generation && !s.accepted);
+        if news
+            && let Ok(mut state) = self.state.write()
             && state.generation == generation
         {
             state.accepted = true;
@@ -427,6 +434,55 @@ mod tests {
             assert!(!err.contains("s3c"), "{err}");
         }
         assert!(parse_response(b"").unwrap_err().contains("printed nothing"));
+    }
+
+    /// A helper that answers `x-run: N` on its Nth run.
+    fn counting_helper(dir: &Path) -> HelperArg {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = dir.join("helper");
+        let script = format!(
+            "#!/bin/sh\necho run >> '{0}/runs'\nn=$(wc -l < '{0}/runs')\necho \"{{\\\"headers\\\": {{\\\"x-run\\\": [\\\"$n\\\"]}}}}\"\n",
+            dir.display()
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        parse_helper_arg(&path.display().to_string()).unwrap()
+    }
+
+    fn run_header(credentials: &Credentials) -> String {
+        credentials.headers()[0].1.to_str().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn refusals_run_the_helper_again_once_per_fetch() {
+        let dir = tempfile::tempdir().unwrap();
+        let helpers = [counting_helper(dir.path())];
+        let timeout = Duration::from_secs(10);
+        let credentials = Credentials::obtain(&helpers, "grpc://h:1", Some("h"), timeout)
+            .await
+            .unwrap();
+        assert_eq!(
+            (credentials.generation(), run_header(&credentials)),
+            (0, "1".into())
+        );
+        // Refused: the helper runs again.
+        assert_eq!(credentials.refresh_after_rejection(0).await, Some(1));
+        assert_eq!(run_header(&credentials), "2");
+        // Another call refused with the old credentials retries with the new ones, no new run.
+        assert_eq!(credentials.refresh_after_rejection(0).await, Some(1));
+        assert_eq!(run_header(&credentials), "2");
+        // The fresh ones refused before any call vouched for them: no loop.
+        assert_eq!(credentials.refresh_after_rejection(1).await, None);
+        // Once a call went through with them, a later refusal (expiry) runs the helper again.
+        credentials.accepted(1);
+        assert_eq!(credentials.refresh_after_rejection(1).await, Some(2));
+        assert_eq!(run_header(&credentials), "3");
+        // No helper for this host: nothing to refresh.
+        let none = Credentials::obtain(&[], "grpc://h:1", Some("h"), timeout)
+            .await
+            .unwrap();
+        assert!(none.headers().is_empty());
+        assert_eq!(none.refresh_after_rejection(0).await, None);
     }
 
     #[test]
