@@ -441,7 +441,11 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let path = dir.join("helper");
         let script = format!(
-            "#!/bin/sh\necho run >> '{0}/runs'\nn=$(wc -l < '{0}/runs')\necho \"{{\\\"headers\\\": {{\\\"x-run\\\": [\\\"$n\\\"]}}}}\"\n",
+            r#"#!/bin/sh
+echo run >> '{0}/runs'
+n=$(wc -l < '{0}/runs')
+echo "{{\"headers\": {{\"x-run\": [\"$n\"]}}}}"
+"#,
             dir.display()
         );
         std::fs::write(&path, script).unwrap();
