@@ -1,5 +1,5 @@
-//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config` and `serve`
-//! subcommands.
+//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config`, `serve`
+//! and `check` subcommands.
 //!
 //! The settings themselves, shared by the commands that take them, are in `settings`.
 
@@ -37,6 +37,18 @@ pub enum Command {
     Config(ConfigArgs),
     /// Run a small REAPI v2 server (for tests, CI and single machines).
     Serve(ServeArgs),
+    /// Check, step by step, that a link with these settings would work on the cluster.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// The compiler to run on a worker (its path there) [default: --remote-compiler, else clang
+    /// on PATH]
+    #[arg(long, value_name = "PATH")]
+    pub compiler: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

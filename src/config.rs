@@ -169,7 +169,8 @@ fn redact_header(header: &str) -> String {
     match header.split_once('=') {
         Some((_, value)) if value.starts_with("env:") => header.to_owned(),
         Some((name, _)) => format!("{name}=<hidden>"),
-        None => header.to_owned(),
+        // Not NAME=VALUE: the whole of it may be a secret.
+        None => "<hidden>".to_owned(),
     }
 }
 
@@ -248,6 +249,7 @@ mod tests {
         assert!(!report.contains("s3cret"), "{report}");
         assert!(report.contains("x-api-key=<hidden>"), "{report}");
         assert_eq!(redact_header("a=env:A"), "a=env:A");
+        assert_eq!(redact_header("s3cret"), "<hidden>");
         let r = resolve_with(&[], "mode = \"cache-only\"\nremote = \"grpc://h:1\"");
         assert_eq!(r.settings.mode, Mode::CacheOnly);
     }

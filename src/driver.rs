@@ -36,17 +36,19 @@ pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
         .flat_map(|job| job.outputs.iter().map(PathBuf::as_path))
         .collect();
     output::remove_leftovers(&outputs);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    match runtime() {
+        Some(runtime) => runtime.block_on(run(job_file, settings)),
+        None => ExitCode::FAILURE,
+    }
+}
+
+/// The async runtime of a command; `None` (after printing why) when it cannot start.
+pub fn runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(run(job_file, settings))
+        .map_err(|e| eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}"))
+        .ok()
 }
 
 async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {

@@ -8,6 +8,7 @@
 
 pub mod bitcode;
 pub mod cache;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod driver;

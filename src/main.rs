@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{config, driver, logging, server};
+use dtlto_reapi::{check, config, driver, logging, server};
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -24,6 +24,13 @@ fn main() -> ExitCode {
                     .and_then(|r| r.report())
                     .map(|text| print!("{text}")),
             )
+        }
+        Some(Command::Check(args)) => {
+            let sub = matches.subcommand().map_or(&matches, |(_, m)| m);
+            match config::resolve(&args.settings, sub) {
+                Ok(resolved) => check::run(&resolved.settings, args.compiler.as_deref()),
+                Err(e) => report(Err(e)),
+            }
         }
         None => {
             let Some(job_file) = cli.job_file else {

@@ -42,6 +42,8 @@ pub struct Settings {
     pub remote: Option<String>,
     pub instance_name: String,
     pub remote_header: Vec<String>,
+    pub credential_helper: Vec<String>,
+    pub credential_helper_timeout: u64,
     pub tls_ca_cert: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
     pub tls_client_key: Option<PathBuf>,
@@ -79,6 +81,11 @@ impl Settings {
             remote: layers.remote,
             instance_name: layers.instance_name.unwrap_or_default(),
             remote_header: layers.remote_header.unwrap_or_default(),
+            credential_helper: layers.credential_helper.unwrap_or_default(),
+            credential_helper_timeout: layers
+                .credential_helper_timeout
+                .filter(|&n| n > 0)
+                .unwrap_or(10),
             tls_ca_cert: layers.tls_ca_cert,
             tls_client_cert: layers.tls_client_cert,
             tls_client_key: layers.tls_client_key,
@@ -179,6 +186,27 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_REMOTE_HEADER", value_name = "NAME=VALUE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_header: Option<Vec<String>>,
+
+    /// Program that supplies the call headers (credentials), run as `PATH get` by the
+    /// credential-helper protocol Bazel uses; `PATTERN=PATH` uses it only for the host PATTERN or,
+    /// as `*.DOMAIN`, for DOMAIN and its subdomains; the most specific match wins (repeatable).
+    /// A --remote-header of the same name wins over the helper's
+    #[arg(
+        long,
+        env = "DTLTO_REAPI_CREDENTIAL_HELPER",
+        value_name = "[PATTERN=]PATH"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_helper: Option<Vec<String>>,
+
+    /// Seconds a credential helper may take before it is killed [default: 10]
+    #[arg(
+        long,
+        env = "DTLTO_REAPI_CREDENTIAL_HELPER_TIMEOUT",
+        value_name = "SECONDS"
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_helper_timeout: Option<u64>,
 
     /// PEM file of the CA certificates that sign the server's certificate [default: system roots]
     #[arg(long, env = "DTLTO_REAPI_TLS_CA_CERT", value_name = "FILE")]

@@ -23,6 +23,7 @@ use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
 use crate::reapi::{
     self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
+    parse_helper_arg,
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
 use crate::settings::{Mode, Settings};
@@ -74,6 +75,12 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
         .iter()
         .map(|h| parse_header_arg(h))
         .collect::<Result<_, _>>()?;
+    options.credential_helpers = settings
+        .credential_helper
+        .iter()
+        .map(|h| parse_helper_arg(h))
+        .collect::<Result<_, _>>()?;
+    options.credential_helper_timeout = Duration::from_secs(settings.credential_helper_timeout);
     options.tls.ca_cert = settings.tls_ca_cert.clone();
     options.tls.client_cert = settings.tls_client_cert.clone();
     options.tls.client_key = settings.tls_client_key.clone();
@@ -91,6 +98,9 @@ impl RemoteExecutor {
     pub async fn connect(ctx: &RunContext, settings: &Settings) -> Result<RemoteExecutor> {
         let options = connection_options(settings)?;
         let client = Client::connect(&options).await?;
+        if let Some(warning) = client.clear_text_warning() {
+            ctx.reporter.warn_once("clear-text-headers", &warning);
+        }
         let caps = client.capabilities();
         let mode = settings.mode;
         if mode == Mode::Remote && !caps.exec_enabled {
@@ -503,7 +513,7 @@ fn output_names(spec: &ActionSpec) -> Vec<String> {
 }
 
 /// Queue, input fetch, execution and output upload times from the server's metadata.
-fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
+pub(crate) fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
     // Timestamps come from the server: any of them may be absurd, and nothing may overflow.
     let span = |from: &Option<Timestamp>, to: &Option<Timestamp>| -> Option<u64> {
         let (from, to) = (from.as_ref()?, to.as_ref()?);

@@ -45,6 +45,30 @@ pub struct ActionSpec {
     pub layout: LayoutKind,
 }
 
+/// The environment of every remote command.
+pub fn environment() -> Vec<command::EnvironmentVariable> {
+    ENVIRONMENT
+        .iter()
+        .map(|(name, value)| command::EnvironmentVariable {
+            name: (*name).to_owned(),
+            value: (*value).to_owned(),
+        })
+        .collect()
+}
+
+/// The platform of `properties`, sorted as REAPI requires; `None` without any.
+pub fn platform(properties: &[(String, String)]) -> Option<Platform> {
+    let mut properties: Vec<platform::Property> = properties
+        .iter()
+        .map(|(name, value)| platform::Property {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect();
+    properties.sort_by(|a, b| (&a.name, &a.value).cmp(&(&b.name, &b.value)));
+    (!properties.is_empty()).then_some(Platform { properties })
+}
+
 /// Builds the Action of `job` in `layout`.
 pub fn build(
     job_file: &JobFile,
@@ -98,16 +122,7 @@ pub fn build(
     arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
     arguments.extend(rewrite_args(&job.args, rename));
 
-    let mut properties: Vec<platform::Property> = options
-        .platform
-        .iter()
-        .map(|(name, value)| platform::Property {
-            name: name.clone(),
-            value: value.clone(),
-        })
-        .collect();
-    properties.sort_by(|a, b| (&a.name, &a.value).cmp(&(&b.name, &b.value)));
-    let platform = (!properties.is_empty()).then_some(Platform { properties });
+    let platform = platform(&options.platform);
 
     let output_names: Vec<String> = layout
         .outputs
@@ -117,13 +132,7 @@ pub fn build(
     #[allow(deprecated)] // output_files is what servers below API 2.1 understand
     let command = Command {
         arguments,
-        environment_variables: ENVIRONMENT
-            .iter()
-            .map(|(name, value)| command::EnvironmentVariable {
-                name: (*name).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
+        environment_variables: environment(),
         output_files: if options.legacy_output_files {
             output_names.clone()
         } else {

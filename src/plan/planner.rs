@@ -103,7 +103,7 @@ impl Planner {
 }
 
 /// `NAME=VALUE` platform properties.
-fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
+pub(crate) fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
     settings
         .platform
         .iter()

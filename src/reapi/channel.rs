@@ -84,12 +84,98 @@ fn parse_target(endpoint: &str) -> Result<Target, ReapiError> {
     })
 }
 
+impl Target {
+    /// The host of a TCP target (without brackets for IPv6), lower case.
+    fn host(&self) -> Option<String> {
+        let Target::Tcp { uri, .. } = self else {
+            return None;
+        };
+        let authority = uri.split_once("://").map_or(uri.as_str(), |(_, a)| a);
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(v6),
+            None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+        };
+        Some(host.to_ascii_lowercase())
+    }
+}
+
+/// What a credential helper is asked about for `endpoint` (`grpcs://HOST:PORT`, `grpc://HOST:PORT`
+/// or `unix:///PATH`) and the host its pattern is matched against (none for a unix socket).
+pub(crate) fn helper_uri(endpoint: &str) -> Result<(String, Option<String>), ReapiError> {
+    let target = parse_target(endpoint)?;
+    let uri = match &target {
+        Target::Tcp { uri, tls } => {
+            let authority = uri.split_once("://").map_or(uri.as_str(), |(_, a)| a);
+            format!("{}://{authority}", if *tls { "grpcs" } else { "grpc" })
+        }
+        Target::Unix(path) => format!("unix://{}", path.display()),
+    };
+    Ok((uri, target.host()))
+}
+
+/// The host `endpoint` reaches without TLS, unless it is this machine: headers sent there travel
+/// in clear text over the network.
+pub(crate) fn plaintext_remote_host(endpoint: &str) -> Option<String> {
+    let target = parse_target(endpoint).ok()?;
+    let Target::Tcp { tls: false, .. } = target else {
+        return None;
+    };
+    let host = target.host()?;
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (!loopback).then_some(host)
+}
+
 /// Builds the (lazily connecting) channel for `endpoint`.
 pub(crate) fn channel(
     endpoint: &str,
     tls: &TlsFiles,
     timeout: Duration,
 ) -> Result<Channel, ReapiError> {
+    Ok(configure(endpoint, tls, timeout)?.connect_lazy())
+}
+
+/// Opens a connection to `endpoint` now (TCP or the socket, and the TLS handshake), to tell
+/// connection problems apart from what the first call says.
+pub(crate) async fn probe(
+    endpoint: &str,
+    tls: &TlsFiles,
+    timeout: Duration,
+) -> Result<(), ReapiError> {
+    let configured = configure(endpoint, tls, timeout)?;
+    match tokio::time::timeout(timeout, configured.connect()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(ReapiError::Connect {
+            endpoint: endpoint.to_string(),
+            what: error_chain(&e),
+        }),
+        Err(_) => Err(ReapiError::Connect {
+            endpoint: endpoint.to_string(),
+            what: format!("no connection within {} s", timeout.as_secs()),
+        }),
+    }
+}
+
+/// An error and its causes on one line (tonic's transport errors say little at the top).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let part = e.to_string();
+        // Layers often repeat their cause's message.
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = e.source();
+    }
+    text
+}
+
+/// The endpoint for `endpoint`, with this client's settings and TLS configuration.
+fn configure(endpoint: &str, tls: &TlsFiles, timeout: Duration) -> Result<Endpoint, ReapiError> {
     let target = parse_target(endpoint)?;
     let builder = match &target {
         Target::Tcp { uri, .. } => Endpoint::from_shared(uri.clone()),
@@ -122,7 +208,7 @@ pub(crate) fn channel(
         }
         _ => builder,
     };
-    Ok(builder.connect_lazy())
+    Ok(builder)
 }
 
 fn tls_config(files: &TlsFiles) -> Result<ClientTlsConfig, ReapiError> {
@@ -186,6 +272,39 @@ mod tests {
             "grpcs://u:p@h:1",
         ] {
             assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn helper_uris_and_clear_text_hosts() {
+        let uri = |e| helper_uri(e).unwrap();
+        assert_eq!(
+            uri("re.example.com:443"),
+            (
+                "grpcs://re.example.com:443".into(),
+                Some("re.example.com".into())
+            )
+        );
+        assert_eq!(
+            uri("grpc://[::1]:80"),
+            ("grpc://[::1]:80".into(), Some("::1".into()))
+        );
+        assert_eq!(
+            uri("unix:///run/re.sock"),
+            ("unix:///run/re.sock".into(), None)
+        );
+        assert_eq!(
+            plaintext_remote_host("grpc://Build.Lan:80").unwrap(),
+            "build.lan"
+        );
+        for safe in [
+            "grpcs://build.lan:443",
+            "grpc://127.0.0.1:1",
+            "grpc://localhost:1",
+            "grpc://[::1]:1",
+            "unix:///run/re.sock",
+        ] {
+            assert_eq!(plaintext_remote_host(safe), None, "{safe}");
         }
     }
 

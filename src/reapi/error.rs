@@ -23,8 +23,16 @@ pub enum ReapiError {
     #[error("REAPI server {endpoint}: {what}")]
     Unsupported { endpoint: String, what: String },
 
+    /// No connection could be opened to the server (TCP, socket or TLS).
+    #[error("cannot connect to {endpoint}: {what}")]
+    Connect { endpoint: String, what: String },
+
+    /// A credential helper failed, hung or answered nonsense.
+    #[error("credential helper {helper} {what}")]
+    CredentialHelper { helper: String, what: String },
+
     /// An RPC failed with a gRPC status (after any retries).
-    #[error("{rpc} on {endpoint} failed with {}: {message}{}", code_name(*.code), retries_note(*.retries))]
+    #[error("{rpc} on {endpoint} failed with {}: {message}{}{}", code_name(*.code), retries_note(*.retries), advice(rpc, *.code, missing_blobs))]
     Rpc {
         rpc: &'static str,
         endpoint: String,
@@ -80,6 +88,28 @@ fn code_name(code: Code) -> &'static str {
         Code::Unavailable => "UNAVAILABLE",
         Code::DataLoss => "DATA_LOSS",
         Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// What to check when a call fails with `code`, for the codes that point at the configuration
+/// (missing input blobs are no configuration problem: they are uploaded again).
+fn advice(rpc: &str, code: Code, missing_blobs: &[Digest]) -> &'static str {
+    match code {
+        Code::Unauthenticated => {
+            " (the server did not accept the credentials: check --remote-header and \
+             --credential-helper)"
+        }
+        Code::PermissionDenied => {
+            " (the credentials may not do this: check --remote-header, --credential-helper and \
+             --instance-name; read-only credentials need --mode=cache-only --remote-upload=false)"
+        }
+        Code::NotFound if rpc == "GetCapabilities" => {
+            " (the server does not know this instance: check --instance-name)"
+        }
+        Code::FailedPrecondition if rpc == "Execute" && missing_blobs.is_empty() => {
+            " (no worker may take this action: check --platform against what the workers offer)"
+        }
+        _ => "",
     }
 }
 
@@ -139,8 +169,13 @@ impl ReapiError {
             ReapiError::Rpc { code, .. } => {
                 super::retry::is_transient(*code) || *code == Code::DataLoss
             }
-            ReapiError::Integrity { .. } | ReapiError::Protocol { .. } => true,
-            ReapiError::Config(_) | ReapiError::Unsupported { .. } | ReapiError::Io { .. } => false,
+            ReapiError::Integrity { .. }
+            | ReapiError::Protocol { .. }
+            | ReapiError::Connect { .. } => true,
+            ReapiError::Config(_)
+            | ReapiError::CredentialHelper { .. }
+            | ReapiError::Unsupported { .. }
+            | ReapiError::Io { .. } => false,
         }
     }
 }
@@ -221,5 +256,16 @@ mod tests {
         assert!(!e(Code::FailedPrecondition).is_infrastructure());
         assert_eq!(e(Code::FailedPrecondition).missing_blobs(), None);
         assert!(!ReapiError::Config("x".into()).is_infrastructure());
+        let auth = e(Code::Unauthenticated).to_string();
+        assert!(auth.contains("--credential-helper"), "{auth}");
+        let denied = e(Code::PermissionDenied).to_string();
+        assert!(denied.contains("--instance-name"), "{denied}");
+        let unmatched = ReapiError::rpc(
+            "Execute",
+            "e",
+            &tonic::Status::failed_precondition("no worker"),
+            0,
+        );
+        assert!(unmatched.to_string().contains("--platform"), "{unmatched}");
     }
 }

@@ -4,10 +4,13 @@
 //! Header values may be given as `env:VAR` so that secrets stay off command lines and out of
 //! process listings; no error or debug output ever contains a header's value.
 
+use std::sync::Arc;
+
 use bazel_remote_apis::build::bazel::remote::execution::v2::{RequestMetadata, ToolDetails};
 use prost::Message as _;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, BinaryMetadataValue, MetadataMap};
 
+use super::credentials::{Credentials, Header};
 use super::error::ReapiError;
 
 /// The binary header that carries a serialized `RequestMetadata`.
@@ -32,18 +35,22 @@ pub fn parse_header_arg(arg: &str) -> Result<(String, String), ReapiError> {
         Some((name, value)) if !name.trim().is_empty() => {
             Ok((name.trim().to_string(), value.to_string()))
         }
-        // Only the part before any `=` is shown: the rest may be a secret.
-        _ => Err(ReapiError::Config(format!(
-            "header `{}` is not of the form NAME=VALUE (or NAME=env:VAR)",
-            arg.split('=').next().unwrap_or_default()
-        ))),
+        // Never shown: without an `=` the whole argument may be a secret pasted alone.
+        _ => Err(ReapiError::Config(
+            "a --remote-header is not of the form NAME=VALUE (or NAME=env:VAR); not shown, as it \
+             may be a secret"
+                .to_string(),
+        )),
     }
 }
 
 /// The headers and identifiers sent with every call of one client.
 #[derive(Clone)]
 pub(crate) struct CallMetadata {
-    headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    /// From `--remote-header`.
+    headers: Vec<Header>,
+    /// From a credential helper; a header also given in `headers` is not taken from here.
+    pub(crate) credentials: Arc<Credentials>,
     tool_invocation_id: String,
     correlated_invocations_id: String,
 }
@@ -51,14 +58,8 @@ pub(crate) struct CallMetadata {
 impl std::fmt::Debug for CallMetadata {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CallMetadata")
-            .field(
-                "headers",
-                &self
-                    .headers
-                    .iter()
-                    .map(|(k, _)| k.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .field("headers", &self.header_names())
+            .field("credentials", &self.credentials)
             .field("tool_invocation_id", &self.tool_invocation_id)
             .field("correlated_invocations_id", &self.correlated_invocations_id)
             .finish()
@@ -69,6 +70,7 @@ impl CallMetadata {
     /// Validates the extra headers, resolving `env:VAR` values from the environment.
     pub(crate) fn new(
         headers: &[(String, String)],
+        credentials: Arc<Credentials>,
         tool_invocation_id: &str,
         correlated_invocations_id: Option<&str>,
     ) -> Result<Self, ReapiError> {
@@ -78,15 +80,35 @@ impl CallMetadata {
             .collect::<Result<_, _>>()?;
         Ok(CallMetadata {
             headers,
+            credentials,
             tool_invocation_id: tool_invocation_id.to_string(),
             correlated_invocations_id: correlated_invocations_id.unwrap_or_default().to_string(),
         })
+    }
+
+    /// The names of the `--remote-header` headers (never their values).
+    pub(crate) fn header_names(&self) -> Vec<String> {
+        self.headers
+            .iter()
+            .map(|(k, _)| k.as_str().to_string())
+            .collect()
+    }
+
+    /// Whether any call carries credentials (headers from the command line or a helper).
+    pub(crate) fn sends_headers(&self) -> bool {
+        !self.headers.is_empty() || !self.credentials.headers().is_empty()
     }
 
     /// Adds the extra headers and the `RequestMetadata` for `ctx` to `map`.
     pub(crate) fn apply(&self, map: &mut MetadataMap, ctx: &CallContext) {
         for (name, value) in &self.headers {
             map.insert(name.clone(), value.clone());
+        }
+        // A header given on the command line wins over the helper's, as in Bazel.
+        for (name, value) in self.credentials.headers().iter() {
+            if !self.headers.iter().any(|(given, _)| given == name) {
+                map.append(name.clone(), value.clone());
+            }
         }
         let metadata = RequestMetadata {
             tool_details: Some(ToolDetails {
@@ -112,18 +134,8 @@ fn resolve_header<E>(
     name: &str,
     value: &str,
     env: impl Fn(&str) -> Result<String, E>,
-) -> Result<(AsciiMetadataKey, AsciiMetadataValue), ReapiError> {
-    let lower = name.to_ascii_lowercase();
-    if lower.ends_with("-bin") {
-        return Err(ReapiError::Config(format!(
-            "header `{name}`: binary (-bin) headers are not supported"
-        )));
-    }
-    let key = AsciiMetadataKey::from_bytes(lower.as_bytes()).map_err(|_| {
-        ReapiError::Config(format!(
-            "header name `{name}` is not a valid HTTP/2 header name"
-        ))
-    })?;
+) -> Result<Header, ReapiError> {
+    let key = header_key(name)?;
     let resolved = match value.strip_prefix("env:") {
         Some(var) => env(var).map_err(|_| {
             ReapiError::Config(format!(
@@ -132,12 +144,29 @@ fn resolve_header<E>(
         })?,
         None => value.to_string(),
     };
-    let value = AsciiMetadataValue::try_from(resolved.as_str()).map_err(|_| {
-        ReapiError::Config(format!(
-            "header `{name}`: the value is not a valid header value"
-        ))
-    })?;
+    let value = header_value(name, &resolved).map_err(ReapiError::Config)?;
     Ok((key, value))
+}
+
+/// A header name as gRPC metadata (lower case; `-bin` headers are refused).
+pub(crate) fn header_key(name: &str) -> Result<AsciiMetadataKey, ReapiError> {
+    let lower = name.to_ascii_lowercase();
+    if lower.ends_with("-bin") {
+        return Err(ReapiError::Config(format!(
+            "header `{name}`: binary (-bin) headers are not supported"
+        )));
+    }
+    AsciiMetadataKey::from_bytes(lower.as_bytes()).map_err(|_| {
+        ReapiError::Config(format!(
+            "header name `{name}` is not a valid HTTP/2 header name"
+        ))
+    })
+}
+
+/// A header value as gRPC metadata; the error never shows the value.
+pub(crate) fn header_value(name: &str, value: &str) -> Result<AsciiMetadataValue, String> {
+    AsciiMetadataValue::try_from(value)
+        .map_err(|_| format!("header `{name}`: the value is not a valid header value"))
 }
 
 #[cfg(test)]
@@ -167,7 +196,8 @@ mod tests {
             parse_header_arg("empty=").unwrap(),
             ("empty".into(), "".into())
         );
-        assert!(parse_header_arg("novalue").is_err());
+        let err = parse_header_arg("s3cret-token").unwrap_err().to_string();
+        assert!(!err.contains("s3cret"), "{err}");
         assert!(parse_header_arg("=v").is_err());
     }
 
@@ -199,8 +229,13 @@ mod tests {
 
     #[test]
     fn every_call_carries_request_metadata_and_headers() {
+        let from_helper = [("x-api-key", "helper"), ("x-more", "1"), ("x-more", "2")]
+            .iter()
+            .map(|(k, v)| (header_key(k).unwrap(), header_value(k, v).unwrap()))
+            .collect();
         let meta = CallMetadata {
             headers: vec![resolve_header("x-api-key", "env:TOKEN", env).unwrap()],
+            credentials: Arc::new(Credentials::fixed(from_helper)),
             tool_invocation_id: "inv".into(),
             correlated_invocations_id: "corr".into(),
         };
@@ -211,7 +246,12 @@ mod tests {
             target_id: "m.o".into(),
         };
         meta.apply(&mut map, &ctx);
-        assert_eq!(map.get("x-api-key").unwrap(), "s3cret");
+        // The command line's header wins over the helper's; a helper may send several values.
+        assert_eq!(
+            map.get_all("x-api-key").iter().collect::<Vec<_>>(),
+            ["s3cret"]
+        );
+        assert_eq!(map.get_all("x-more").iter().collect::<Vec<_>>(), ["1", "2"]);
         let raw = map
             .get_bin(REQUEST_METADATA_HEADER)
             .unwrap()

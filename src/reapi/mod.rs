@@ -11,6 +11,7 @@ mod action_cache;
 mod capabilities;
 mod cas;
 mod channel;
+mod credentials;
 pub mod digest;
 mod error;
 mod execution;
@@ -31,12 +32,14 @@ pub use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, E
 pub use capabilities::{DEFAULT_MAX_BATCH_BYTES, ServerCapabilities};
 pub use cas::{Blob, BlobSource};
 pub use channel::TlsFiles;
+pub use credentials::{HelperArg, parse_helper_arg};
 pub use digest::Digest;
 pub use error::ReapiError;
 pub use execution::Stage;
 pub use metadata::{CallContext, parse_header_arg};
 pub use stats::TransferStats;
 
+use credentials::Credentials;
 use metadata::CallMetadata;
 use retry::{Attempts, RetryPolicy};
 use stats::Counters;
@@ -55,6 +58,10 @@ pub struct ConnectionOptions {
     /// Extra headers sent with every call, `(NAME, VALUE)`; a VALUE of `env:VAR` is read from the
     /// environment variable VAR at connect time.
     pub headers: Vec<(String, String)>,
+    /// Credential helpers; the one matching the endpoint's host runs when the client connects.
+    pub credential_helpers: Vec<HelperArg>,
+    /// How long a credential helper may take.
+    pub credential_helper_timeout: Duration,
     pub tls: TlsFiles,
     /// Deadline of each call, retries included (ByteStream transfers get extra time per byte).
     pub timeout: Duration,
@@ -84,6 +91,8 @@ impl ConnectionOptions {
             endpoint: endpoint.into(),
             instance_name: String::new(),
             headers: Vec::new(),
+            credential_helpers: Vec::new(),
+            credential_helper_timeout: Duration::from_secs(10),
             tls: TlsFiles::default(),
             timeout: Duration::from_secs(60),
             execute_timeout: Duration::from_secs(3600),
@@ -109,6 +118,7 @@ impl fmt::Debug for ConnectionOptions {
                     .map(|(name, _)| name)
                     .collect::<Vec<_>>(),
             )
+            .field("credential_helpers", &self.credential_helpers)
             .field("tls", &self.tls)
             .field("timeout", &self.timeout)
             .field("execute_timeout", &self.execute_timeout)
@@ -144,11 +154,21 @@ struct Inner {
 }
 
 impl Client {
-    /// Connects to the server and reads its capabilities (retrying while it is unavailable).
+    /// Runs the credential helper (if one matches), connects to the server and reads its
+    /// capabilities (retrying while it is unavailable).
     pub async fn connect(opts: &ConnectionOptions) -> Result<Client, ReapiError> {
         check_instance_name(&opts.instance_name)?;
+        let (uri, host) = channel::helper_uri(&opts.endpoint)?;
+        let credentials = Credentials::obtain(
+            &opts.credential_helpers,
+            &uri,
+            host.as_deref(),
+            opts.credential_helper_timeout,
+        )
+        .await?;
         let metadata = CallMetadata::new(
             &opts.headers,
+            Arc::new(credentials),
             &opts.invocation_id,
             opts.correlated_invocations_id.as_deref(),
         )?;
@@ -181,6 +201,11 @@ impl Client {
         })
     }
 
+    /// Asks the server for its capabilities again, in full (the client keeps only what it uses).
+    pub async fn fetch_capabilities(&self) -> Result<re::ServerCapabilities, ReapiError> {
+        self.inner.fetch_capabilities().await
+    }
+
     /// What the server said it can do when the client connected.
     pub fn capabilities(&self) -> &ServerCapabilities {
         &self.inner.capabilities
@@ -195,6 +220,35 @@ impl Client {
     pub fn stats(&self) -> TransferStats {
         self.inner.counters.snapshot()
     }
+
+    /// Where the call headers come from, names only: `--remote-header` names, and the credential
+    /// helper with the names of the headers it supplied.
+    pub fn header_sources(&self) -> (Vec<String>, Option<(std::path::PathBuf, Vec<String>)>) {
+        let credentials = &self.inner.metadata.credentials;
+        (
+            self.inner.metadata.header_names(),
+            credentials
+                .helper_path()
+                .map(|path| (path.to_path_buf(), credentials.header_names())),
+        )
+    }
+
+    /// A warning when the calls carry headers (credentials) in clear text to another machine.
+    pub fn clear_text_warning(&self) -> Option<String> {
+        let host = channel::plaintext_remote_host(&self.inner.endpoint)?;
+        self.inner.metadata.sends_headers().then(|| {
+            format!(
+                "headers (credentials) are sent without TLS to {host} ({}); use grpcs:// unless \
+                 the network is trusted",
+                self.inner.endpoint
+            )
+        })
+    }
+}
+
+/// Opens a connection to `opts.endpoint` (TCP or socket, and TLS) without making a call.
+pub async fn probe_connection(opts: &ConnectionOptions) -> Result<(), ReapiError> {
+    channel::probe(&opts.endpoint, &opts.tls, opts.timeout).await
 }
 
 impl Inner {
@@ -205,6 +259,10 @@ impl Inner {
     }
 
     async fn read_capabilities(&self) -> Result<ServerCapabilities, ReapiError> {
+        ServerCapabilities::from_proto(&self.endpoint, &self.fetch_capabilities().await?)
+    }
+
+    async fn fetch_capabilities(&self) -> Result<re::ServerCapabilities, ReapiError> {
         let request = re::GetCapabilitiesRequest {
             instance_name: self.instance_name.clone(),
         };
@@ -217,7 +275,7 @@ impl Inner {
         })
         .await
         .map_err(|status| self.fail("GetCapabilities", &status, &attempts))?;
-        ServerCapabilities::from_proto(&self.endpoint, caps.get_ref())
+        Ok(caps.into_inner())
     }
 
     /// A request carrying `message`, the metadata for `ctx` and a gRPC deadline of `timeout`.
@@ -235,6 +293,7 @@ impl Inner {
 
     fn attempts(&self, deadline: Instant) -> Attempts<'_> {
         Attempts::new(&self.retry, deadline, &self.counters.rpc_retries)
+            .authenticating(&self.metadata.credentials)
     }
 
     fn fail(

@@ -5,6 +5,8 @@
 //! delay the server asks for in a `google.rpc.RetryInfo`), bounded both by a retry count and by the
 //! call's overall deadline. Every RPC this client makes is idempotent (reads, content-addressed
 //! writes, and Execute of a given action), so DEADLINE_EXCEEDED and ABORTED are retried as well.
+//! A call the server answers UNAUTHENTICATED is repeated, without waiting, once the credential
+//! helper has supplied new credentials.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +15,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
+
+use super::credentials::Credentials;
+
+/// Times one call is repeated with new credentials after UNAUTHENTICATED.
+const MAX_REAUTHENTICATIONS: u32 = 2;
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone)]
@@ -78,6 +85,23 @@ pub(crate) struct Attempts<'a> {
     deadline: Instant,
     retries: u32,
     counter: &'a AtomicU64,
+    /// The credentials the call carries, and which fetch of them.
+    credentials: Option<(&'a Credentials, u64)>,
+    reauthentications: u32,
+    /// The last answer was UNAUTHENTICATED.
+    refused: bool,
+}
+
+/// A call that ends without its credentials refused (succeeded, or failed for another reason)
+/// vouches for them: if they are refused later, asking the helper again is worth it.
+impl Drop for Attempts<'_> {
+    fn drop(&mut self) {
+        if let Some((credentials, generation)) = self.credentials
+            && !self.refused
+        {
+            credentials.accepted(generation);
+        }
+    }
 }
 
 impl<'a> Attempts<'a> {
@@ -88,7 +112,16 @@ impl<'a> Attempts<'a> {
             deadline,
             retries: 0,
             counter,
+            credentials: None,
+            reauthentications: 0,
+            refused: false,
         }
+    }
+
+    /// Lets the call be repeated with new credentials from `credentials` after UNAUTHENTICATED.
+    pub(crate) fn authenticating(mut self, credentials: &'a Credentials) -> Self {
+        self.credentials = Some((credentials, credentials.generation()));
+        self
     }
 
     /// Time left before the deadline, `None` once it has passed.
@@ -112,6 +145,10 @@ impl<'a> Attempts<'a> {
     /// Decides whether to try again after `status`; if so, waits the backoff first. Returns false
     /// when the status is permanent, the retries are spent, or the wait would pass the deadline.
     pub(crate) async fn retry_after(&mut self, status: &Status) -> bool {
+        self.refused = status.code() == Code::Unauthenticated;
+        if self.refused {
+            return self.reauthenticate().await;
+        }
         if !is_transient(status.code()) || self.retries >= self.policy.max_retries {
             return false;
         }
@@ -130,6 +167,26 @@ impl<'a> Attempts<'a> {
         self.retries += 1;
         self.counter.fetch_add(1, Ordering::Relaxed);
         true
+    }
+}
+
+impl Attempts<'_> {
+    /// After UNAUTHENTICATED: whether new credentials are there to try (the helper ran again).
+    async fn reauthenticate(&mut self) -> bool {
+        let Some((credentials, seen)) = self.credentials else {
+            return false;
+        };
+        if self.reauthentications >= MAX_REAUTHENTICATIONS {
+            return false;
+        }
+        match credentials.refresh_after_rejection(seen).await {
+            Some(generation) => {
+                self.credentials = Some((credentials, generation));
+                self.reauthentications += 1;
+                true
+            }
+            None => false,
+        }
     }
 }
 

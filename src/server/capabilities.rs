@@ -48,7 +48,7 @@ impl Capabilities for CapabilitiesService {
             }),
             execution_capabilities: Some(ExecutionCapabilities {
                 digest_function: sha256,
-                exec_enabled: true,
+                exec_enabled: self.0.exec_enabled,
                 digest_functions: vec![sha256],
                 ..Default::default()
             }),

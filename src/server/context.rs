@@ -5,7 +5,7 @@ use super::digest::BlobDigest;
 use super::faults::Faults;
 use super::hostile::Hostile;
 use super::storage::Storage;
-use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
+use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, digest_function};
 use bazel_remote_apis::google::{protobuf::Any, rpc};
 use prost::Message;
 use tonic::{Code, Status};
@@ -20,6 +20,10 @@ pub struct Context {
     pub max_batch_bytes: u64,
     /// The newest REAPI 2.x minor version advertised in the capabilities.
     pub api_minor_version: i32,
+    /// Whether actions are executed (`--no-execution` makes the server a cache only).
+    pub exec_enabled: bool,
+    /// The platform properties the workers offer (`--platform`); `None` accepts any.
+    pub platform: Option<Vec<(String, String)>>,
 }
 
 impl Context {
@@ -39,6 +43,32 @@ impl Context {
     pub async fn misbehave(&self, rpc: &'static str) -> Result<(), Status> {
         self.hostile.slow_down(rpc).await;
         self.faults.enter(rpc).await
+    }
+
+    /// Refuses an action asking for a platform property no worker offers, as a scheduler without
+    /// a matching worker does.
+    pub fn check_platform(&self, action: &Action, command: &Command) -> Result<(), Status> {
+        let Some(offered) = &self.platform else {
+            return Ok(());
+        };
+        #[allow(deprecated)] // Command.platform: older clients put the properties there
+        let asked = action.platform.iter().chain(command.platform.iter());
+        for property in asked.flat_map(|p| &p.properties) {
+            if !offered
+                .iter()
+                .any(|(name, value)| *name == property.name && *value == property.value)
+            {
+                let offered: Vec<String> =
+                    offered.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                return Err(Status::failed_precondition(format!(
+                    "no worker offers platform property {}={} (the workers offer {})",
+                    property.name,
+                    property.value,
+                    offered.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn check_instance(&self, instance_name: &str) -> Result<(), Status> {

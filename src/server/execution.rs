@@ -213,6 +213,7 @@ impl Execution for ExecutionService {
         let command_digest =
             BlobDigest::required(action.command_digest.as_ref(), "command_digest")?;
         let command: Command = executor.fetch(&command_digest, "Command")?;
+        executor.context.check_platform(&action, &command)?;
         let name = if executor.context.instance_name.is_empty() {
             format!("operations/{}", uuid::Uuid::new_v4())
         } else {

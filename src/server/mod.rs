@@ -1,12 +1,14 @@
 //! `dtlto-reapi serve`: a small, real REAPI v2 server for tests, CI and single-machine use. It
 //! stores blobs and action results (in memory or under `--cas-dir`), runs actions with local
 //! workers, can hide directories from actions (`--hide`) the way a remote cluster cannot see the
-//! client's files, and has fault-injection knobs for testing clients. It is not a production
-//! cluster: use Buildbarn, BuildBuddy, NativeLink or BuildGrid for that.
+//! client's files, can require a header (a fixed API key) and serve as a cache only, and has
+//! fault-injection knobs for testing clients. It is not a production cluster: use Buildbarn,
+//! BuildBuddy, NativeLink or BuildGrid for that.
 //!
 //! This file holds the command line and the wiring; each service lives in its own module.
 
 mod action_cache;
+mod auth;
 mod bytestream;
 mod capabilities;
 mod cas;
@@ -89,6 +91,22 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..=3), value_name = "N")]
     pub api_minor_version: i32,
 
+    /// Answer calls without this header UNAUTHENTICATED; a VALUE of file:PATH is the content of
+    /// PATH, read at every call (repeatable)
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub require_header: Vec<auth::RequiredHeader>,
+
+    /// Serve as a cache only: the capabilities say execution is disabled and Execute answers
+    /// UNIMPLEMENTED
+    #[arg(long)]
+    pub no_execution: bool,
+
+    /// A platform property the workers offer (repeatable): an action asking for any other gets
+    /// FAILED_PRECONDITION, as a scheduler without a matching worker answers [default: any
+    /// property is accepted]
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_property)]
+    pub platform: Vec<(String, String)>,
+
     /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
     /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
     /// FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, GetTree, ByteStream.Read,
@@ -164,6 +182,11 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_stderr_size: Option<u64>,
+
+    /// Test knob: each credential value (of the --require-header headers) is accepted for N
+    /// calls, then answered UNAUTHENTICATED as expired, so that clients must fetch new ones.
+    #[arg(long, value_name = "N", help_heading = "Test knobs (fault injection)")]
+    pub fault_expire_credentials: Option<u32>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -173,6 +196,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(serve(args))
+}
+
+/// `NAME=VALUE` of `--platform`.
+fn parse_property(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err("expected NAME=VALUE".to_owned()),
+    }
 }
 
 /// Where to listen, parsed from `--listen`.
@@ -237,6 +268,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ),
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,
+        exec_enabled: !args.no_execution,
+        platform: (!args.platform.is_empty()).then(|| args.platform.clone()),
     });
     let workers = args
         .workers
@@ -259,7 +292,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or(usize::MAX)
         .max(4 << 20)
         .saturating_add(MESSAGE_OVERHEAD);
+    let auth = auth::Auth::new(&args.require_header, args.fault_expire_credentials);
+    let actions = (!args.no_execution).then_some(executor);
     let router = tonic::transport::Server::builder()
+        .layer(tonic::service::InterceptorLayer::new(auth))
         .add_service(CapabilitiesServer::new(capabilities::CapabilitiesService(
             context.clone(),
         )))
@@ -277,12 +313,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .max_decoding_message_size(message_limit)
                 .max_encoding_message_size(message_limit),
         )
-        .add_service(ExecutionServer::new(execution::ExecutionService(
-            executor.clone(),
-        )))
-        .add_service(OperationsServer::new(execution::OperationsService(
-            executor,
-        )));
+        // Without execution, the services are absent and their calls UNIMPLEMENTED.
+        .add_optional_service(
+            actions
+                .clone()
+                .map(|e| ExecutionServer::new(execution::ExecutionService(e))),
+        )
+        .add_optional_service(
+            actions.map(|e| OperationsServer::new(execution::OperationsService(e))),
+        );
 
     let stop = shutdown.clone();
     tokio::spawn(async move {

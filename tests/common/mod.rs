@@ -743,3 +743,54 @@ fn forward_lines(
         }
     });
 }
+
+/// A credential-helper script (`#!/bin/sh`) in a temporary directory of its own. Before `body`
+/// runs, the script appends its stdin (the request) and a newline to `requests` and a line to
+/// `runs`; `$D` is the directory, for the body's own files.
+pub struct CredentialHelper {
+    dir: TempDir,
+    pub path: PathBuf,
+}
+
+impl CredentialHelper {
+    pub fn new(body: &str) -> CredentialHelper {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("cannot create a temporary directory");
+        let path = dir.path().join("helper");
+        let script = format!(
+            "#!/bin/sh\nD='{}'\ncat >> \"$D/requests\"\necho >> \"$D/requests\"\necho run >> \"$D/runs\"\n{body}\n",
+            dir.path().display()
+        );
+        write(&path, script.as_bytes());
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("cannot make {} executable: {e}", path.display()));
+        CredentialHelper { dir, path }
+    }
+
+    /// A helper that always answers `headers` (a JSON object of NAME: [VALUE, ...]).
+    pub fn answering(headers: &str) -> CredentialHelper {
+        Self::new(&format!(
+            "echo '{{\"headers\": {headers}, \"expires\": \"2099-01-01T00:00:00Z\"}}'"
+        ))
+    }
+
+    /// The helper's directory (`$D` in its body).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// How many times the helper ran.
+    pub fn runs(&self) -> usize {
+        fs::read_to_string(self.dir.path().join("runs")).map_or(0, |t| t.lines().count())
+    }
+
+    /// What the helper read on stdin, one line per run.
+    pub fn requests(&self) -> String {
+        fs::read_to_string(self.dir.path().join("requests")).unwrap_or_default()
+    }
+
+    /// `--credential-helper=PATH`.
+    pub fn option(&self) -> String {
+        format!("--credential-helper={}", self.path.display())
+    }
+}
