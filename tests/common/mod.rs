@@ -272,7 +272,7 @@ impl Link<'_> {
         let mut dist_flag = OsString::from("-fthinlto-distributor=");
         dist_flag.push(distributor());
         let mut compiler_flag = OsString::from("--thinlto-remote-compiler=");
-        compiler_flag.push(&tools.clang);
+        compiler_flag.push(&tools.compiler);
         let mut ld_flag = OsString::from("-fuse-ld=");
         ld_flag.push(&tools.lld);
 
@@ -292,6 +292,13 @@ impl Link<'_> {
             .arg(dist_flag)
             .arg("-Xlinker")
             .arg(compiler_flag);
+        if !tools.compiler_prepend.is_empty() {
+            let flag = format!(
+                "--thinlto-remote-compiler-prepend-arg={}",
+                tools.compiler_prepend
+            );
+            cmd.arg("-Xlinker").arg(flag);
+        }
         if let Some(path) = &stats_path {
             let mut flag = OsString::from("-Xthinlto-distributor=--stats-json=");
             flag.push(path);
