@@ -47,7 +47,7 @@ trap stop_server EXIT
 link() {
     local name=$1 dir=$2
     shift 2
-    local args=(-Wl,--thinlto-remote-compiler="$CLANG" -fthinlto-distributor="$distributor"
+    local args=("${compiler_flags[@]}" -fthinlto-distributor="$distributor"
         -Xthinlto-distributor=--jobs="$jobs" -Xthinlto-distributor=--stats-json="$out/$name.stats.json")
     for a in "$@"; do args+=("-Xthinlto-distributor=$a"); done
     local start=$EPOCHREALTIME

@@ -381,3 +381,42 @@ fn a_worker_without_the_compiler_leaves_the_link_to_the_local_fallback() {
         "cannot run the compiler",
     );
 }
+
+#[test]
+fn a_server_that_says_it_cannot_find_the_compiler_leaves_the_link_to_the_local_fallback() {
+    // As a third-party server answered a missing compiler: a NOT_FOUND ExecuteResponse status
+    // (the action never ran), not an exit code.
+    let remote = link_falling_back(
+        &["--missing-program-status=NOT_FOUND"],
+        &["--remote-compiler=/nonexistent/clang"],
+        "could not find or run the program",
+    );
+    remote.linked.assert_stderr_contains("NOT_FOUND");
+}
+
+#[test]
+fn any_status_that_says_the_action_did_not_run_leaves_the_link_to_the_local_fallback() {
+    link_falling_back(
+        &["--fault-execute-status=INTERNAL:the worker lost its sandbox"],
+        &[],
+        "the worker lost its sandbox",
+    );
+}
+
+#[test]
+fn an_execute_status_about_credentials_fails_the_link_with_advice() {
+    let case = Case::new();
+    let server = case.server(&["--fault-execute-status=PERMISSION_DENIED:no executions for you"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    remote
+        .linked
+        .assert_failure()
+        .assert_stderr_contains("no executions for you")
+        .assert_stderr_contains("check the credentials");
+    assert!(
+        remote.fallback_warnings().is_empty(),
+        "{}",
+        remote.linked.stderr
+    );
+    assert!(!remote.ran().contains_key("local"), "{}", remote.stats());
+}

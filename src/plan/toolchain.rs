@@ -262,9 +262,11 @@ fn locate(compiler: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("the compiler {} is not in PATH", compiler.display()))
 }
 
-/// `(path in the toolchain directory, local file, must be executable)` of every file the compiler
-/// needs, and what kind of executable it is.
-fn closure(compiler: &Path, local: &Path) -> Result<(Kind, Vec<(String, PathBuf, bool)>), String> {
+/// `(path in the toolchain directory, local file, must be executable)`.
+type ClosureFile = (String, PathBuf, bool);
+
+/// Every file the compiler needs, and what kind of executable it is.
+fn closure(compiler: &Path, local: &Path) -> Result<(Kind, Vec<ClosureFile>), String> {
     let name = compiler_name(compiler)?;
     let mut files = vec![(format!("bin/{name}"), local.to_path_buf(), true)];
     let mut magic = [0u8; 4];
@@ -491,7 +493,6 @@ mod tests {
     }
 
     fn resolve(compiler: &Path, request: ModeRequest<'_>) -> (Toolchain, Option<String>) {
-        let dir = tempfile::tempdir().unwrap();
         let digests = DigestCache::open(None);
         let args = vec![compiler.to_string_lossy().into_owned(), "-c".to_owned()];
         Toolchain::resolve(&args, request, &digests).unwrap()
@@ -555,7 +556,6 @@ mod tests {
             toolchain: Some(ToolchainMode::Upload),
             remote_compiler: Some("/usr/bin/clang"),
         };
-        let dir = tempfile::tempdir().unwrap();
         let digests = DigestCache::open(None);
         let args = vec![exe.to_string_lossy().into_owned()];
         assert!(Toolchain::resolve(&args, both, &digests).is_err());

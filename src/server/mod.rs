@@ -18,6 +18,7 @@ mod inputs;
 mod isolation;
 mod outputs;
 mod paths;
+mod shared_files;
 mod storage;
 mod worker;
 
@@ -122,6 +123,25 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_corrupt_reads: u32,
+
+    /// Test knob: answer every Execute with an ExecuteResponse whose status is CODE (and MESSAGE),
+    /// without running the action, e.g. `NOT_FOUND:could not canonicalize path for command root`.
+    #[arg(
+        long,
+        value_name = "CODE[:MESSAGE]",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_execute_status: Option<faults::StatusAnswer>,
+
+    /// Test knob: when an action's program cannot be started (a compiler missing on the worker),
+    /// answer with an ExecuteResponse status CODE, as some servers do, instead of exit code 127.
+    #[arg(
+        long,
+        value_name = "CODE",
+        value_parser = faults::parse_status_code,
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub missing_program_status: Option<tonic::Code>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -186,6 +206,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.fault_drop_execute_stream,
             args.fault_delay_ms,
             args.fault_corrupt_reads,
+        )
+        .with_execute_answers(
+            args.fault_execute_status.clone(),
+            args.missing_program_status,
         ),
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,
@@ -196,6 +220,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let worker = worker::Worker {
         context: context.clone(),
+        shared: shared_files::SharedFiles::new(work_root.join("shared-inputs"))?,
         work_root,
         isolation,
         name: format!("dtlto-reapi-serve@{}", std::process::id()),
