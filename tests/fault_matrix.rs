@@ -397,7 +397,7 @@ fn a_server_that_says_it_cannot_find_the_compiler_leaves_the_link_to_the_local_f
 #[test]
 fn any_status_that_says_the_action_did_not_run_leaves_the_link_to_the_local_fallback() {
     link_falling_back(
-        &["--fault-execute-status=INTERNAL:the worker lost its sandbox"],
+        &["--fault-execute-status=FAILED_PRECONDITION:the worker lost its sandbox"],
         &[],
         "the worker lost its sandbox",
     );

@@ -408,11 +408,13 @@ fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) 
             crate::plan::toolchain::ToolchainMode::Worker => "worker",
         };
         format!(
-            "toolchain: {mode} mode, compiler {} ({} files, {:.1} MB), digest {}",
+            "toolchain: {mode} mode, compiler {} ({} files, {:.1} MB), digest {}, identified in \
+             {:.1} ms",
             toolchain.compiler.display(),
             toolchain.files.len(),
             toolchain.size() as f64 / 1e6,
-            reapi::digest::display(&toolchain.identity.digest)
+            reapi::digest::display(&toolchain.identity.digest),
+            planner.toolchain_time().as_secs_f64() * 1000.0
         )
     });
 }

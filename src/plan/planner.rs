@@ -32,6 +32,8 @@ pub struct Planner {
     layout: LayoutKind,
     /// Why upload mode was wanted but not possible, for the caller to warn about.
     toolchain_warning: Option<String>,
+    /// How long identifying the compiler took (`--verbose`; the digest cache makes it cheap).
+    toolchain_time: std::time::Duration,
 }
 
 impl Planner {
@@ -48,6 +50,7 @@ impl Planner {
         let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
         let job_file_for_toolchain = job_file.clone();
         let toolchain = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
             let digests = DigestCache::open(DigestCache::default_file());
             let request = ModeRequest {
                 toolchain: request,
@@ -57,7 +60,7 @@ impl Planner {
                 Toolchain::resolve(&job_file_for_toolchain.common_args, request, &digests);
             // Losing the cache only costs hashing the compiler again next time.
             let _ = digests.save();
-            resolved
+            resolved.map(|(toolchain, warning)| (toolchain, warning, started.elapsed()))
         });
         let digests = tokio::task::spawn_blocking(move || {
             let paths = job_file
@@ -70,7 +73,7 @@ impl Planner {
         })
         .await?
         .map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
-        let (toolchain, toolchain_warning) = toolchain
+        let (toolchain, toolchain_warning, toolchain_time) = toolchain
             .await?
             .map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
         let toolchain_blobs: Arc<[Blob]> = toolchain
@@ -90,12 +93,18 @@ impl Planner {
             cwd: std::env::current_dir().context("reading the working directory")?,
             layout: settings.layout,
             toolchain_warning,
+            toolchain_time,
         })
     }
 
     /// The link's compiler, as every Action records it.
     pub fn toolchain(&self) -> &Toolchain {
         &self.options.toolchain
+    }
+
+    /// How long identifying the compiler took.
+    pub fn toolchain_time(&self) -> std::time::Duration {
+        self.toolchain_time
     }
 
     /// Why the compiler is not uploaded although upload mode was wanted, if so.
