@@ -15,6 +15,7 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 source "$root/bench/project.sh"
+source "$root/bench/server.sh"
 modules=${MODULES:-50}
 functions=${FUNCTIONS:-4}
 jobs=${JOBS:-$(nproc)}
@@ -28,24 +29,6 @@ cd "$project"
 mkdir -p seed && printf 'int main(void) { return 0; }\n' >seed/seed.c
 "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c seed/seed.c -o seed/seed.o
 
-server_pid=
-server_url=
-start_server() {
-    stop_server
-    "$distributor" serve --workers "$jobs" >"$out/serve.out" 2>"$out/serve.err" &
-    server_pid=$!
-    for _ in $(seq 100); do
-        server_url=$(sed -n 's/^listening on //p' "$out/serve.out")
-        [[ -n $server_url ]] && return
-        sleep 0.05
-    done
-    say "the server did not start"; cat "$out/serve.err" >&2; exit 1
-}
-stop_server() {
-    [[ -z $server_pid ]] || { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
-    server_pid=
-}
-trap stop_server EXIT
 
 # link NAME [distributor args...]: links the project, records link and distributor times and the
 # toolchain bytes uploaded.

@@ -71,9 +71,7 @@ impl FromStr for StatusAnswer {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let (code, message) = s.split_once(':').unwrap_or((s, ""));
-        let code = parse_code(code).filter(|&c| c != Code::Ok).ok_or_else(|| {
-            format!("expected CODE[:MESSAGE] with a non-OK status code, got {s:?}")
-        })?;
+        let code = parse_status_code(code).map_err(|e| format!("{e} in CODE[:MESSAGE] {s:?}"))?;
         let message = if message.is_empty() {
             format!("fault injection: the action was not executed ({code:?})")
         } else {
