@@ -408,10 +408,11 @@ fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) 
             crate::plan::toolchain::ToolchainMode::Worker => "worker",
         };
         format!(
-            "toolchain: {mode} mode, compiler {} ({} files, {:.1} MB), digest {}, identified in \
+            "toolchain: {mode} mode, compiler {} ({} file{}, {:.1} MB), digest {}, identified in \
              {:.1} ms",
             toolchain.compiler.display(),
             toolchain.files.len(),
+            if toolchain.files.len() == 1 { "" } else { "s" },
             toolchain.size() as f64 / 1e6,
             reapi::digest::display(&toolchain.identity.digest),
             planner.toolchain_time().as_secs_f64() * 1000.0
