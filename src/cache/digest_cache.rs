@@ -16,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use crate::reapi::digest::{self, Digest};
@@ -109,6 +110,8 @@ pub struct DigestCache {
     /// None: remembered by this process only (the system has no user cache directory).
     file: Option<PathBuf>,
     entries: Mutex<HashMap<FileKey, Entry>>,
+    /// Something was inserted since loading: [`DigestCache::save`] has work to do.
+    changed: AtomicBool,
 }
 
 impl DigestCache {
@@ -127,6 +130,7 @@ impl DigestCache {
         DigestCache {
             file,
             entries: Mutex::new(entries),
+            changed: AtomicBool::new(false),
         }
     }
 
@@ -143,6 +147,7 @@ impl DigestCache {
         if let Ok(mut entries) = self.entries.lock() {
             let entry = Entry { digest, used: true };
             entries.insert(FileKey::new(path, meta), entry);
+            self.changed.store(true, Ordering::Relaxed);
         }
     }
 
@@ -163,8 +168,11 @@ impl DigestCache {
     }
 
     /// Writes the cache back, merged with entries other processes saved meanwhile: to a temporary
-    /// file beside it, renamed into place.
+    /// file beside it, renamed into place. Nothing is written when nothing was inserted.
     pub fn save(&self) -> std::io::Result<()> {
+        if !self.changed.swap(false, Ordering::Relaxed) {
+            return Ok(());
+        }
         let (Some(file), Ok(mut entries)) = (&self.file, self.entries.lock()) else {
             return Ok(());
         };
