@@ -420,3 +420,21 @@ fn an_execute_status_about_credentials_fails_the_link_with_advice() {
     );
     assert!(!remote.ran().contains_key("local"), "{}", remote.stats());
 }
+
+#[test]
+fn executions_that_keep_failing_with_a_transient_status_are_retried_a_bounded_number_of_times() {
+    // Every execution done with INTERNAL: retried (it may be a passing glitch), then left to the
+    // local fallback, instead of being executed again and again until the hour-long Execute
+    // deadline.
+    let remote = link_falling_back(
+        &["--fault-execute-status=INTERNAL:the worker lost its sandbox"],
+        &[],
+        "the worker lost its sandbox",
+    );
+    assert!(remote.rpc_retries() >= JOBS as u64, "{}", remote.stats());
+    assert!(
+        remote.elapsed < Duration::from_secs(60),
+        "{:?}",
+        remote.elapsed
+    );
+}
