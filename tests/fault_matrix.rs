@@ -109,6 +109,20 @@ struct Remote {
 }
 
 impl Remote {
+    /// The link failed, saying each of `texts`, and no job was left to the local fallback.
+    fn assert_failed_without_fallback(&self, texts: &[&str]) {
+        self.linked.assert_failure();
+        for text in texts {
+            self.linked.assert_stderr_contains(text);
+        }
+        assert!(
+            self.fallback_warnings().is_empty(),
+            "{}",
+            self.linked.stderr
+        );
+        assert!(!self.ran().contains_key("local"), "{}", self.stats());
+    }
+
     fn stats(&self) -> &Stats {
         self.stats
             .as_ref()
@@ -360,17 +374,8 @@ fn permission_denied_is_not_retried_and_fails_the_link() {
     let case = Case::new();
     let server = case.server(&["--fault-fail=GetActionResult=PERMISSION_DENIED:100"]);
     let remote = case.link(server.url(), "out/app", &[]);
-    remote
-        .linked
-        .assert_failure()
-        .assert_stderr_contains("PERMISSION_DENIED");
+    remote.assert_failed_without_fallback(&["PERMISSION_DENIED"]);
     assert_eq!(remote.rpc_retries(), 0, "{}", remote.stats());
-    assert!(
-        remote.fallback_warnings().is_empty(),
-        "{}",
-        remote.linked.stderr
-    );
-    assert!(!remote.ran().contains_key("local"), "{}", remote.stats());
 }
 
 #[test]
@@ -408,17 +413,7 @@ fn an_execute_status_about_credentials_fails_the_link_with_advice() {
     let case = Case::new();
     let server = case.server(&["--fault-execute-status=PERMISSION_DENIED:no executions for you"]);
     let remote = case.link(server.url(), "out/app", &[]);
-    remote
-        .linked
-        .assert_failure()
-        .assert_stderr_contains("no executions for you")
-        .assert_stderr_contains("check the credentials");
-    assert!(
-        remote.fallback_warnings().is_empty(),
-        "{}",
-        remote.linked.stderr
-    );
-    assert!(!remote.ran().contains_key("local"), "{}", remote.stats());
+    remote.assert_failed_without_fallback(&["no executions for you", "check the credentials"]);
 }
 
 #[test]
