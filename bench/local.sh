@@ -27,7 +27,7 @@ generate_project
 cd "$project"
 
 link=(--target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp)
-dtlto=("-Wl,--thinlto-remote-compiler=$CLANG" "-Xthinlto-distributor=--jobs=$jobs")
+dtlto=("${compiler_flags[@]}" "-Xthinlto-distributor=--jobs=$jobs")
 variant_names=(in-process minimal dtlto-reapi)
 link_variant() { # name
     case $1 in

@@ -33,7 +33,7 @@ until url=$(sed -n 's/^listening on //p' "$out/serve.out") && [[ -n $url ]]; do 
 measure() { # name distributor-args...
     local name=$1
     shift
-    local args=(-Wl,--thinlto-remote-compiler="$CLANG" -fthinlto-distributor="$out/measured-distributor")
+    local args=("${compiler_flags[@]}" -fthinlto-distributor="$out/measured-distributor")
     for a in "$@"; do args+=("-Xthinlto-distributor=$a"); done
     local start=$EPOCHREALTIME
     RSS_FILE=$out/$name.rss "$CLANG" --target=x86_64-linux-gnu -O1 -flto=thin "-fuse-ld=$LLD" @inputs.rsp \

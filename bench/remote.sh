@@ -14,6 +14,7 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 source "$root/bench/project.sh"
+source "$root/bench/server.sh"
 modules=${MODULES:-300}
 functions=${FUNCTIONS:-16}
 jobs=${JOBS:-$(nproc)}
@@ -24,30 +25,12 @@ project=$out/project
 generate_project
 cd "$project"
 
-server_pid=
-server_url=
-start_server() {
-    stop_server
-    "$distributor" serve --workers "$jobs" >"$out/serve.out" 2>"$out/serve.err" &
-    server_pid=$!
-    for _ in $(seq 100); do
-        server_url=$(sed -n 's/^listening on //p' "$out/serve.out")
-        [[ -n $server_url ]] && return
-        sleep 0.05
-    done
-    say "the server did not start"; cat "$out/serve.err" >&2; exit 1
-}
-stop_server() {
-    [[ -z $server_pid ]] || { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
-    server_pid=
-}
-trap stop_server EXIT
 
 # link NAME DIR [distributor args...]: links DIR's objects, records whole-link and distributor times.
 link() {
     local name=$1 dir=$2
     shift 2
-    local args=(-Wl,--thinlto-remote-compiler="$CLANG" -fthinlto-distributor="$distributor"
+    local args=("${compiler_flags[@]}" -fthinlto-distributor="$distributor"
         -Xthinlto-distributor=--jobs="$jobs" -Xthinlto-distributor=--stats-json="$out/$name.stats.json")
     for a in "$@"; do args+=("-Xthinlto-distributor=$a"); done
     local start=$EPOCHREALTIME

@@ -37,7 +37,7 @@ link() { # output, distributor args...
     for a in "$@"; do args+=("-Xthinlto-distributor=$a"); done
     "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -fuse-ld="$LLD" tools_brotli.c.o common_*.o dec_*.o \
         libbrotlienc.a -lm -o "$output" -fthinlto-distributor="$distributor" \
-        -Wl,--thinlto-remote-compiler="$CLANG" "${args[@]}"
+        "${compiler_flags[@]}" "${args[@]}"
 }
 round_trip() { # program
     # Quality 5: the default (11) takes half a minute per run on a 12 MB input.

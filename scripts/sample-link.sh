@@ -31,7 +31,7 @@ for arg in "$@"; do
 done
 say "linking through $distributor"
 "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -fuse-ld="$LLD" "${objects[@]}" libsample.a -o sample \
-    -fthinlto-distributor="$distributor" -Wl,--thinlto-remote-compiler="$CLANG" "${distributor_args[@]}"
+    -fthinlto-distributor="$distributor" "${compiler_flags[@]}" "${distributor_args[@]}"
 
 say "running $build/sample"
 ./sample

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Finds a DTLTO-capable clang and lld (version 21 or newer) and prints where they are, one
 # `NAME=PATH` line each (CLANG, LLD, AR, BIN), for tests, benchmarks and the README's sample link.
+# COMPILER and COMPILER_PREPEND are what backend compiles should run: the real executable (never
+# a wrapper script, which cannot be uploaded with the actions) and the argument that goes before
+# the compile's own (`clang` for `zig clang`; empty for a real clang). Link with
+# `-Wl,--thinlto-remote-compiler=$COMPILER` and, when COMPILER_PREPEND is set,
+# `-Wl,--thinlto-remote-compiler-prepend-arg=$COMPILER_PREPEND`.
 #
 # A clang and ld.lld >= 21 on PATH are preferred. Otherwise clang/lld 22 come from PyPI's
 # ziglang package, installed once into a virtual environment outside the repository by
@@ -31,6 +36,8 @@ sys_clang=$(command -v clang || true)
 sys_lld=$(command -v ld.lld || true)
 if [[ -n "$sys_clang" && -n "$sys_lld" && $(major_version "$sys_clang") -ge 21 && $(major_version "$sys_lld") -ge 21 ]]; then
     write_wrapper clang "'$sys_clang'"
+    compiler=$(readlink -f "$sys_clang")
+    compiler_prepend=
     write_wrapper ld.lld "'$sys_lld'"
     sys_ar=$(command -v llvm-ar || command -v ar)
     write_wrapper llvm-ar "'$sys_ar'"
@@ -38,6 +45,8 @@ else
     zig=$("$(dirname "${BASH_SOURCE[0]}")/ziglang.sh" | sed -n 's/^ZIG=//p')
     zigdir=$(dirname "$zig")
     write_wrapper clang "'$zigdir/zig' clang -resource-dir '$zigdir/lib'"
+    compiler="$zigdir/zig"
+    compiler_prepend=clang
     write_wrapper ld.lld "'$zigdir/zig' ld.lld"
     write_wrapper llvm-ar "'$zigdir/zig' ar"
 fi
@@ -53,3 +62,5 @@ echo "BIN=$bin"
 echo "CLANG=$bin/clang"
 echo "LLD=$bin/ld.lld"
 echo "AR=$bin/llvm-ar"
+echo "COMPILER=$compiler"
+echo "COMPILER_PREPEND=$compiler_prepend"

@@ -15,7 +15,7 @@ use crate::executor::{self, RunContext, Runner};
 use crate::jobs::JobFile;
 use crate::output;
 use crate::reapi::ReapiError;
-use crate::report::Reporter;
+use crate::report::{Reporter, RunTotals};
 use crate::settings::{Mode, Settings};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
@@ -116,14 +116,19 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     .await;
     runner.finish(&ctx).await;
     let transfers = runner.transfers();
+    let toolchain = runner.toolchain();
     watcher.abort();
 
     let mode = serde_json::to_value(settings.mode)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned));
     let stats_json = settings.stats_json.as_deref();
-    let mode = mode.as_deref().unwrap_or("?");
-    if let Err(e) = reporter.finish(&job_file.path, mode, transfers, stats_json) {
+    let totals = RunTotals {
+        mode: mode.as_deref().unwrap_or("?"),
+        transfers,
+        toolchain,
+    };
+    if let Err(e) = reporter.finish(&job_file.path, &totals, stats_json) {
         reporter.error(&format!("cannot write --stats-json: {e}"));
         return ExitCode::FAILURE;
     }

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::jobs::Job;
 use crate::plan::layout::LayoutKind;
+use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::TransferStats;
 
 /// Where a job's result came from.
@@ -103,7 +104,36 @@ struct StatsFile<'a> {
     wall_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     transfers: Option<TransferStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    toolchain: Option<&'a ToolchainReport>,
     jobs: &'a [JobRecord],
+}
+
+/// The link's compiler as `--stats-json` and the summary line report it, when Actions were planned.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolchainReport {
+    /// `upload` or `worker`.
+    pub mode: ToolchainMode,
+    /// The compiler as the job file names it.
+    pub compiler: PathBuf,
+    /// The identity of the compiler and the files it needs (`hash/size` of their Directory tree).
+    pub digest: String,
+    /// Its files and their total size.
+    pub files: usize,
+    pub bytes: u64,
+    /// What this link uploaded of it (included in `transfers`), in remote mode.
+    pub bytes_uploaded: u64,
+    pub blobs_uploaded: u64,
+}
+
+/// What the run's end reports besides the job records.
+#[derive(Debug, Default)]
+pub struct RunTotals<'a> {
+    /// `local`, `remote` or `cache-only`.
+    pub mode: &'a str,
+    /// The remote client's counters, in the remote modes.
+    pub transfers: Option<TransferStats>,
+    pub toolchain: Option<ToolchainReport>,
 }
 
 /// Collects job records and prints on stderr.
@@ -212,12 +242,10 @@ impl Reporter {
     }
 
     /// Ends the run: clears the progress bar, prints the summary line and writes `--stats-json`.
-    /// `transfers` are the remote client's counters, in the remote modes.
     pub fn finish(
         &self,
         job_file: &Path,
-        mode: &str,
-        transfers: Option<TransferStats>,
+        totals: &RunTotals<'_>,
         stats_json: Option<&Path>,
     ) -> std::io::Result<()> {
         if let Some(bar) = &self.progress {
@@ -225,13 +253,20 @@ impl Reporter {
         }
         let wall = self.started.elapsed();
         let records = self.records();
-        self.line(&summary_line(&records, transfers.as_ref(), wall));
+        let toolchain_up = totals.toolchain.as_ref().map_or(0, |t| t.bytes_uploaded);
+        self.line(&summary_line(
+            &records,
+            totals.transfers.as_ref(),
+            toolchain_up,
+            wall,
+        ));
         if let Some(path) = stats_json {
             let stats = StatsFile {
                 job_file,
-                mode,
+                mode: totals.mode,
                 wall_ms: wall.as_millis() as u64,
-                transfers,
+                transfers: totals.transfers,
+                toolchain: totals.toolchain.as_ref(),
                 jobs: &records,
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
@@ -242,10 +277,12 @@ impl Reporter {
     }
 }
 
-/// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`
+/// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`,
+/// with `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded.
 fn summary_line(
     records: &[JobRecord],
     transfers: Option<&TransferStats>,
+    toolchain_up: u64,
     wall: Duration,
 ) -> String {
     let count = |status: Status| records.iter().filter(|r| r.status == status).count();
@@ -282,10 +319,13 @@ fn summary_line(
     let mut detail = detail.join(", ");
     if let Some(t) = transfers {
         detail.push_str(&format!(
-            "; {} up, {} down",
-            megabytes(t.bytes_uploaded),
-            megabytes(t.bytes_downloaded)
+            "; {} up",
+            megabytes(t.bytes_uploaded.saturating_sub(toolchain_up))
         ));
+        if toolchain_up > 0 {
+            detail.push_str(&format!(", {} toolchain up", megabytes(toolchain_up)));
+        }
+        detail.push_str(&format!(", {} down", megabytes(t.bytes_downloaded)));
     }
     format!(
         "dtlto-reapi: {} ({detail}) in {:.2} s",
@@ -316,7 +356,7 @@ mod tests {
             JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO),
         ];
         assert_eq!(
-            summary_line(&records, None, Duration::from_millis(1500)),
+            summary_line(&records, None, 0, Duration::from_millis(1500)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 local) in 1.50 s"
         );
         let transfers = TransferStats {
@@ -324,8 +364,18 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            summary_line(&records, Some(&transfers), Duration::from_millis(10)),
+            summary_line(&records, Some(&transfers), 0, Duration::from_millis(10)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 1.5 MB up, 0.0 MB down) in 0.01 s"
+        );
+        // Toolchain bytes are counted apart from the modules'.
+        assert_eq!(
+            summary_line(
+                &records,
+                Some(&transfers),
+                1_000_000,
+                Duration::from_millis(10)
+            ),
+            "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 0.5 MB up, 1.0 MB toolchain up, 0.0 MB down) in 0.01 s"
         );
     }
 }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
 use crate::plan::layout::LayoutKind;
+use crate::plan::toolchain::ToolchainMode;
 
 /// Where the backend compiles run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -49,6 +50,8 @@ pub struct Settings {
     pub tls_client_key: Option<PathBuf>,
     pub platform: Vec<String>,
     pub remote_compiler: Option<String>,
+    /// None: upload where possible.
+    pub toolchain: Option<ToolchainMode>,
     pub remote_jobs: usize,
     pub remote_timeout: u64,
     pub remote_execute_timeout: u64,
@@ -91,6 +94,7 @@ impl Settings {
             tls_client_key: layers.tls_client_key,
             platform: layers.platform.unwrap_or_default(),
             remote_compiler: layers.remote_compiler,
+            toolchain: layers.toolchain,
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
             remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
             remote_execute_timeout: layers
@@ -232,6 +236,13 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_REMOTE_COMPILER", value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_compiler: Option<String>,
+
+    /// How actions get the compiler: upload (the compiler and the libraries it needs are inputs of
+    /// every action) or worker (the workers have it at --remote-compiler, else at the local path)
+    /// [default: upload, or worker with --remote-compiler or when the compiler cannot be uploaded]
+    #[arg(long, env = "DTLTO_REAPI_TOOLCHAIN", value_name = "MODE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub toolchain: Option<ToolchainMode>,
 
     /// Remote actions in flight at once [default: 200]
     #[arg(long, env = "DTLTO_REAPI_REMOTE_JOBS", value_name = "N")]

@@ -109,6 +109,20 @@ struct Remote {
 }
 
 impl Remote {
+    /// The link failed, saying each of `texts`, and no job was left to the local fallback.
+    fn assert_failed_without_fallback(&self, texts: &[&str]) {
+        self.linked.assert_failure();
+        for text in texts {
+            self.linked.assert_stderr_contains(text);
+        }
+        assert!(
+            self.fallback_warnings().is_empty(),
+            "{}",
+            self.linked.stderr
+        );
+        assert!(!self.ran().contains_key("local"), "{}", self.stats());
+    }
+
     fn stats(&self) -> &Stats {
         self.stats
             .as_ref()
@@ -360,17 +374,8 @@ fn permission_denied_is_not_retried_and_fails_the_link() {
     let case = Case::new();
     let server = case.server(&["--fault-fail=GetActionResult=PERMISSION_DENIED:100"]);
     let remote = case.link(server.url(), "out/app", &[]);
-    remote
-        .linked
-        .assert_failure()
-        .assert_stderr_contains("PERMISSION_DENIED");
+    remote.assert_failed_without_fallback(&["PERMISSION_DENIED"]);
     assert_eq!(remote.rpc_retries(), 0, "{}", remote.stats());
-    assert!(
-        remote.fallback_warnings().is_empty(),
-        "{}",
-        remote.linked.stderr
-    );
-    assert!(!remote.ran().contains_key("local"), "{}", remote.stats());
 }
 
 #[test]
@@ -556,4 +561,51 @@ fn logs_show_why_jobs_fell_back() {
         .count();
     // One event per job (the user-facing warning is once per cause).
     assert_eq!(events, JOBS, "{}", remote.linked.stderr);
+}
+
+#[test]
+fn a_server_that_says_it_cannot_find_the_compiler_leaves_the_link_to_the_local_fallback() {
+    // As a third-party server answered a missing compiler: a NOT_FOUND ExecuteResponse status
+    // (the action never ran), not an exit code.
+    let remote = link_falling_back(
+        &["--missing-program-status=NOT_FOUND"],
+        &["--remote-compiler=/nonexistent/clang"],
+        "could not find or run the program",
+    );
+    remote.linked.assert_stderr_contains("NOT_FOUND");
+}
+
+#[test]
+fn any_status_that_says_the_action_did_not_run_leaves_the_link_to_the_local_fallback() {
+    link_falling_back(
+        &["--fault-execute-status=FAILED_PRECONDITION:the worker lost its sandbox"],
+        &[],
+        "the worker lost its sandbox",
+    );
+}
+
+#[test]
+fn an_execute_status_about_credentials_fails_the_link_with_advice() {
+    let case = Case::new();
+    let server = case.server(&["--fault-execute-status=PERMISSION_DENIED:no executions for you"]);
+    let remote = case.link(server.url(), "out/app", &[]);
+    remote.assert_failed_without_fallback(&["no executions for you", "check --remote-header"]);
+}
+
+#[test]
+fn executions_that_keep_failing_with_a_transient_status_are_retried_a_bounded_number_of_times() {
+    // Every execution done with INTERNAL: retried (it may be a passing glitch), then left to the
+    // local fallback, instead of being executed again and again until the hour-long Execute
+    // deadline.
+    let remote = link_falling_back(
+        &["--fault-execute-status=INTERNAL:the worker lost its sandbox"],
+        &[],
+        "the worker lost its sandbox",
+    );
+    assert!(remote.rpc_retries() >= JOBS as u64, "{}", remote.stats());
+    assert!(
+        remote.elapsed < Duration::from_secs(60),
+        "{:?}",
+        remote.elapsed
+    );
 }

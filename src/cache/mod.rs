@@ -2,9 +2,13 @@
 //! every successful job, so that relinking an unchanged program does no backend compile at all,
 //! whichever mode runs the compiles.
 //!
-//! Today there is one: [`DiskCache`], a content-addressed store plus an action cache in a
-//! directory, shared safely by every link that runs on the machine at once.
+//! [`DiskCache`] is a content-addressed store plus an action cache in a directory, shared safely by
+//! every link that runs on the machine at once; [`DigestCache`] remembers the digests of files that
+//! do not change between links (the compiler), so they are not hashed again.
 
+pub mod digest_cache;
 pub mod disk;
+
+pub use digest_cache::DigestCache;
 
 pub use disk::{DEFAULT_MAX_BYTES, DiskCache, parse_size};

@@ -25,7 +25,7 @@ use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
 use crate::plan::planner::Planner;
 use crate::reapi::{self, Digest, TransferStats};
-use crate::report::{JobRecord, Ran, Reporter, Status};
+use crate::report::{JobRecord, Ran, Reporter, Status, ToolchainReport};
 use crate::settings::Settings;
 use remote::RemoteExecutor;
 
@@ -206,6 +206,7 @@ impl Runner {
                 .as_ref()
                 .is_some_and(RemoteExecutor::legacy_output_files);
             let planner = Planner::new(ctx.job_file.clone(), settings, legacy).await?;
+            announce_toolchain(ctx, settings, &planner);
             Some(Arc::new(planner))
         } else {
             None
@@ -234,6 +235,25 @@ impl Runner {
     /// The remote client's transfer counters, in the remote modes.
     pub fn transfers(&self) -> Option<TransferStats> {
         self.remote.as_ref().map(|r| r.client().stats())
+    }
+
+    /// The link's compiler and what was uploaded of it, when Actions were planned.
+    pub fn toolchain(&self) -> Option<ToolchainReport> {
+        let toolchain = self.planner.as_ref()?.toolchain();
+        let upload = self
+            .remote
+            .as_ref()
+            .map(RemoteExecutor::toolchain_upload)
+            .unwrap_or_default();
+        Some(ToolchainReport {
+            mode: toolchain.identity.mode,
+            compiler: toolchain.compiler.clone(),
+            digest: reapi::digest::display(&toolchain.identity.digest).to_string(),
+            files: toolchain.files.len(),
+            bytes: toolchain.size(),
+            bytes_uploaded: upload.bytes_uploaded,
+            blobs_uploaded: upload.blobs_uploaded,
+        })
     }
 
     /// Runs one job.
@@ -390,6 +410,36 @@ async fn open_disk_cache(
             None
         }
     }
+}
+
+/// Says how actions get the compiler: with `--verbose`, and as a warning where upload mode was
+/// wanted for remote execution but is impossible.
+fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) {
+    let toolchain = planner.toolchain();
+    if let Some(why_not) = planner.toolchain_warning()
+        && (settings.mode == crate::settings::Mode::Remote || settings.toolchain.is_some())
+    {
+        let text = format!(
+            "{why_not}; actions run the compiler at its path on the workers (--toolchain=worker)"
+        );
+        ctx.reporter.warn_once("toolchain", &text);
+    }
+    ctx.reporter.verbose(|| {
+        let mode = match toolchain.identity.mode {
+            crate::plan::toolchain::ToolchainMode::Upload => "upload",
+            crate::plan::toolchain::ToolchainMode::Worker => "worker",
+        };
+        format!(
+            "toolchain: {mode} mode, compiler {} ({} file{}, {:.1} MB), digest {}, identified in \
+             {:.1} ms",
+            toolchain.compiler.display(),
+            toolchain.files.len(),
+            if toolchain.files.len() == 1 { "" } else { "s" },
+            toolchain.size() as f64 / 1e6,
+            reapi::digest::display(&toolchain.identity.digest),
+            planner.toolchain_time().as_secs_f64() * 1000.0
+        )
+    });
 }
 
 /// The ActionResult of a successful compile that ran here, for the caches to store.

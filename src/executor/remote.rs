@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -38,6 +39,18 @@ pub struct RemoteExecutor {
     upload_results: bool,
     /// Blobs this run has seen present in the CAS, so shared inputs are checked and sent once.
     present: Mutex<HashSet<Digest>>,
+    /// Set once the toolchain's files are in the CAS (upload mode), so they are sent once per link.
+    toolchain_present: tokio::sync::OnceCell<()>,
+    /// Bytes and blobs of the toolchain this link uploaded.
+    toolchain_bytes: AtomicU64,
+    toolchain_blobs: AtomicU64,
+}
+
+/// What the link uploaded of the toolchain.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ToolchainUpload {
+    pub bytes_uploaded: u64,
+    pub blobs_uploaded: u64,
 }
 
 /// Why a job did not finish remotely.
@@ -128,12 +141,23 @@ impl RemoteExecutor {
             local_fallback: settings.local_fallback,
             mode,
             present: Mutex::new(HashSet::new()),
+            toolchain_present: tokio::sync::OnceCell::new(),
+            toolchain_bytes: AtomicU64::new(0),
+            toolchain_blobs: AtomicU64::new(0),
         })
     }
 
     /// Whether Actions must use the pre-2.1 `output_files` field for this server.
     pub fn legacy_output_files(&self) -> bool {
         !self.client.capabilities().supports_output_paths()
+    }
+
+    /// What this link uploaded of the toolchain.
+    pub fn toolchain_upload(&self) -> ToolchainUpload {
+        ToolchainUpload {
+            bytes_uploaded: self.toolchain_bytes.load(Ordering::Relaxed),
+            blobs_uploaded: self.toolchain_blobs.load(Ordering::Relaxed),
+        }
     }
 
     /// The client, for the run's transfer statistics.
@@ -335,21 +359,23 @@ impl RemoteExecutor {
                 return Ok((Ran::ActionCache, result));
             }
         }
+        self.upload_toolchain(spec, call).await?;
         self.upload_missing(spec, call).await?;
         let response = match self.client.execute(&spec.action_digest, false, call).await {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked: send them again, once.
                 if let Ok(mut present) = self.present.lock() {
-                    for blob in &spec.blobs {
+                    for blob in spec.blobs.iter().chain(spec.toolchain_blobs.iter()) {
                         present.remove(&blob.digest);
                     }
                 }
                 self.upload_missing(spec, call).await?;
                 self.client
                     .execute(&spec.action_digest, false, call)
-                    .await?
+                    .await
+                    .map_err(not_executed)?
             }
-            other => other?,
+            other => other.map_err(not_executed)?,
         };
         let Some(result) = response.result else {
             return Err(RemoteFailure::Other(
@@ -381,6 +407,48 @@ impl RemoteExecutor {
         Ok((ran, result))
     }
 
+    /// Upload mode: puts the toolchain's files in the CAS once per link (every job waits for the
+    /// first), counting what had to be sent apart from the modules.
+    async fn upload_toolchain(
+        &self,
+        spec: &ActionSpec,
+        call: &CallContext,
+    ) -> Result<(), ReapiError> {
+        if spec.toolchain_blobs.is_empty() {
+            return Ok(());
+        }
+        let upload = || async {
+            let digests: Vec<Digest> = spec
+                .toolchain_blobs
+                .iter()
+                .map(|b| b.digest.clone())
+                .collect();
+            let missing: HashSet<Digest> = self
+                .client
+                .find_missing(&digests, call)
+                .await?
+                .into_iter()
+                .collect();
+            let blobs: Vec<Blob> = spec
+                .toolchain_blobs
+                .iter()
+                .filter(|b| missing.contains(&b.digest))
+                .cloned()
+                .collect();
+            let bytes: u64 = missing.iter().map(reapi::digest::size).sum();
+            self.client.upload(blobs, call).await?;
+            self.toolchain_bytes.fetch_add(bytes, Ordering::Relaxed);
+            let count = u64::try_from(missing.len()).unwrap_or(u64::MAX);
+            self.toolchain_blobs.fetch_add(count, Ordering::Relaxed);
+            if let Ok(mut present) = self.present.lock() {
+                present.extend(digests);
+            }
+            Ok::<(), ReapiError>(())
+        };
+        self.toolchain_present.get_or_try_init(upload).await?;
+        Ok(())
+    }
+
     /// Uploads the action's blobs that the CAS lacks.
     async fn upload_missing(
         &self,
@@ -388,14 +456,13 @@ impl RemoteExecutor {
         call: &CallContext,
     ) -> Result<(), ReapiError> {
         // Cloning the set would cost more than holding the lock for one filter pass.
+        let all = spec.blobs.iter().chain(spec.toolchain_blobs.iter());
         let unknown: Vec<Blob> = match self.present.lock() {
-            Ok(present) => spec
-                .blobs
-                .iter()
+            Ok(present) => all
                 .filter(|b| !present.contains(&b.digest))
                 .cloned()
                 .collect(),
-            Err(_) => spec.blobs.clone(),
+            Err(_) => all.cloned().collect(),
         };
         if unknown.is_empty() {
             return Ok(());
@@ -506,6 +573,23 @@ impl RemoteExecutor {
 
 /// How much of a remote compile's stdout or stderr is shown: plenty for any diagnostic.
 const MAX_SHOWN_OUTPUT: usize = 64 << 10;
+
+/// Classifies a failed Execute. A non-OK status means the action did not run (REAPI), whatever
+/// the server's reason, e.g. NOT_FOUND "could not canonicalize path for command root" for a
+/// compiler missing on the workers: an infrastructure failure, which a local compile can make up
+/// for. Except where local compiles would hide a problem the user must fix: credentials
+/// (UNAUTHENTICATED, PERMISSION_DENIED) and requests the server calls malformed (INVALID_ARGUMENT).
+fn not_executed(e: ReapiError) -> RemoteFailure {
+    use tonic::Code;
+    match e.code() {
+        // The error says which options to check.
+        Some(Code::Unauthenticated | Code::PermissionDenied) => RemoteFailure::Other(e.to_string()),
+        Some(Code::InvalidArgument) | None => RemoteFailure::from(e),
+        Some(_) => {
+            RemoteFailure::Infrastructure(format!("the cluster did not run the action: {e}"))
+        }
+    }
+}
 
 /// The paths of a job's outputs inside its action, for the server to inline in cache hits.
 fn output_names(spec: &ActionSpec) -> Vec<String> {

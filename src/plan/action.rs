@@ -6,6 +6,7 @@
 //! imports, flags and compiler gives the same digest on every link and every machine.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     Action, Command, Platform, command, platform,
@@ -15,6 +16,7 @@ use super::args::rewrite_args;
 use super::digests::FileDigests;
 use super::layout::{Layout, LayoutKind};
 use super::merkle::{TreeFile, build_tree};
+use super::toolchain::{Toolchain, ToolchainIdentity, ToolchainMode};
 use crate::jobs::{Job, JobFile};
 use crate::reapi::digest::{self, Digest};
 use crate::reapi::{Blob, BlobSource};
@@ -24,9 +26,13 @@ use crate::reapi::{Blob, BlobSource};
 const ENVIRONMENT: &[(&str, &str)] = &[("LC_ALL", "C"), ("PATH", "/usr/local/bin:/usr/bin:/bin")];
 
 /// Remote settings that shape every Action.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ActionOptions {
-    /// Replaces `common.args[0]` (the compiler's path on the workers).
+    /// The link's compiler: its identity is in every Action; in upload mode its files are inputs.
+    pub toolchain: Arc<Toolchain>,
+    /// Upload mode: the toolchain's files as blobs, shared by every job.
+    pub toolchain_blobs: Arc<[Blob]>,
+    /// Replaces `common.args[0]` in worker mode (the compiler's path on the workers).
     pub remote_compiler: Option<String>,
     /// Platform properties, set on both the Command and the Action.
     pub platform: Vec<(String, String)>,
@@ -43,6 +49,10 @@ pub struct ActionSpec {
     /// `(path relative to the working directory, local path lld expects)` for every output.
     pub outputs: Vec<(String, PathBuf)>,
     pub layout: LayoutKind,
+    /// Which compiler the action runs, and how it gets to the worker.
+    pub toolchain: ToolchainIdentity,
+    /// Upload mode: the toolchain's files (not in `blobs`), the same for every job of the link.
+    pub toolchain_blobs: Arc<[Blob]>,
 }
 
 /// The environment of every remote command.
@@ -109,16 +119,28 @@ pub fn build(
             source: BlobSource::Bytes(bytes.clone()),
         });
     }
+    let toolchain = &options.toolchain;
+    for (path, file) in toolchain.inputs() {
+        let file = TreeFile {
+            digest: file.digest.clone(),
+            executable: file.executable,
+        };
+        tree_entries.push((layout.in_working_directory(&path), file));
+    }
     let tree = build_tree(tree_entries)?;
 
     let rename = |arg: &str| layout.renames.get(arg).cloned();
     let mut arguments = Vec::with_capacity(job_file.common_args.len() + job.args.len());
-    arguments.push(
-        options
-            .remote_compiler
-            .clone()
-            .unwrap_or_else(|| job_file.compiler().to_owned()),
-    );
+    if toolchain.launch().is_empty() {
+        arguments.push(
+            options
+                .remote_compiler
+                .clone()
+                .unwrap_or_else(|| job_file.compiler().to_owned()),
+        );
+    } else {
+        arguments.extend(toolchain.launch().iter().cloned());
+    }
     arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
     arguments.extend(rewrite_args(&job.args, rename));
 
@@ -152,6 +174,12 @@ pub fn build(
         command_digest: Some(command_digest.clone()),
         input_root_digest: Some(tree.root_digest.clone()),
         platform,
+        // In upload mode the input root holds the compiler; in worker mode only this says which
+        // compiler the result came from.
+        salt: match toolchain.identity.mode {
+            ToolchainMode::Upload => Vec::new(),
+            ToolchainMode::Worker => worker_salt(&toolchain.identity.digest),
+        },
         ..Default::default()
     };
     let (action_digest, action_bytes) = digest::of_message(&action);
@@ -173,5 +201,12 @@ pub fn build(
         blobs,
         outputs: layout.outputs,
         layout: layout.kind,
+        toolchain: toolchain.identity.clone(),
+        toolchain_blobs: options.toolchain_blobs.clone(),
     })
+}
+
+/// The salt of worker-mode actions: the compiler's identity.
+fn worker_salt(identity: &Digest) -> Vec<u8> {
+    format!("dtlto-reapi compiler {}", digest::display(identity)).into_bytes()
 }

@@ -239,7 +239,7 @@ impl Layout {
     }
 
     /// `name` (relative to the working directory) as a path inside the input root.
-    fn in_working_directory(&self, name: &str) -> String {
+    pub fn in_working_directory(&self, name: &str) -> String {
         if self.working_directory.is_empty() {
             name.to_owned()
         } else {

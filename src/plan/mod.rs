@@ -7,3 +7,4 @@ pub mod digests;
 pub mod layout;
 pub mod merkle;
 pub mod planner;
+pub mod toolchain;

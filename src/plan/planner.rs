@@ -14,7 +14,10 @@ use anyhow::{Context, Result, bail};
 use super::action::{self, ActionOptions, ActionSpec};
 use super::digests::FileDigests;
 use super::layout::{self, LayoutKind, NotRemotable};
+use super::toolchain::{ModeRequest, Toolchain};
+use crate::cache::DigestCache;
 use crate::jobs::{Job, JobFile};
+use crate::reapi::Blob;
 use crate::settings::Settings;
 
 /// Receives a warning that applies to every job with the same cause (`cause`, `text`); the reporter
@@ -27,11 +30,16 @@ pub struct Planner {
     options: ActionOptions,
     cwd: PathBuf,
     layout: LayoutKind,
+    /// Why upload mode was wanted but not possible, for the caller to warn about.
+    toolchain_warning: Option<String>,
+    /// How long identifying the compiler took (`--verbose`; the digest cache makes it cheap).
+    toolchain_time: std::time::Duration,
 }
 
 impl Planner {
-    /// Hashes every input file of the link (on blocking threads, `--jobs` at once).
-    /// `legacy_output_files` is for servers older than REAPI 2.1.
+    /// Resolves the compiler (remembering its digests across links) and hashes every input file
+    /// of the link (on blocking threads, `--jobs` at once). `legacy_output_files` is for servers
+    /// older than REAPI 2.1.
     pub async fn new(
         job_file: Arc<JobFile>,
         settings: &Settings,
@@ -39,6 +47,21 @@ impl Planner {
     ) -> Result<Planner> {
         let platform = platform_properties(settings)?;
         let threads = settings.jobs;
+        let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
+        let job_file_for_toolchain = job_file.clone();
+        let toolchain = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let digests = DigestCache::open(DigestCache::default_file());
+            let request = ModeRequest {
+                toolchain: request,
+                remote_compiler: remote_compiler.as_deref(),
+            };
+            let resolved =
+                Toolchain::resolve(&job_file_for_toolchain.common_args, request, &digests);
+            // Losing the cache only costs hashing the compiler again next time.
+            let _ = digests.save();
+            resolved.map(|(toolchain, warning)| (toolchain, warning, started.elapsed()))
+        });
         let digests = tokio::task::spawn_blocking(move || {
             let paths = job_file
                 .jobs
@@ -50,16 +73,43 @@ impl Planner {
         })
         .await?
         .map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
+        let (toolchain, toolchain_warning, toolchain_time) = toolchain
+            .await?
+            .map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
+        let toolchain_blobs: Arc<[Blob]> = toolchain
+            .inputs()
+            .into_iter()
+            .map(|(_, f)| Blob::from_file(f.local.clone(), f.digest.clone()))
+            .collect();
         Ok(Planner {
             digests,
             options: ActionOptions {
+                toolchain: Arc::new(toolchain),
+                toolchain_blobs,
                 remote_compiler: settings.remote_compiler.clone(),
                 platform,
                 legacy_output_files,
             },
             cwd: std::env::current_dir().context("reading the working directory")?,
             layout: settings.layout,
+            toolchain_warning,
+            toolchain_time,
         })
+    }
+
+    /// The link's compiler, as every Action records it.
+    pub fn toolchain(&self) -> &Toolchain {
+        &self.options.toolchain
+    }
+
+    /// How long identifying the compiler took.
+    pub fn toolchain_time(&self) -> std::time::Duration {
+        self.toolchain_time
+    }
+
+    /// Why the compiler is not uploaded although upload mode was wanted, if so.
+    pub fn toolchain_warning(&self) -> Option<&str> {
+        self.toolchain_warning.as_deref()
     }
 
     /// The Action of `job`, or why it has none.

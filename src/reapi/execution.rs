@@ -150,12 +150,15 @@ impl Client {
                         abandon.operation = None;
                         return Ok(response);
                     }
-                    // A transient failure of the execution itself: run the action again.
+                    // A transient failure of the execution itself: run the action again. That
+                    // execution is a spent attempt, not progress: a server that fails every one
+                    // (INTERNAL for a compiler it cannot run) must not be retried for an hour.
                     Err(status)
                         if is_transient(status.code())
                             && status.code() != Code::DeadlineExceeded =>
                     {
                         abandon.operation = None;
+                        progressed = false;
                         status
                     }
                     Err(status) => return Err(inner.fail("Execute", &status, &attempts)),

@@ -66,6 +66,35 @@ pub fn check_rpc_name(rpc: &str) -> Result<(), String> {
     }
 }
 
+/// A `--fault-execute-status CODE[:MESSAGE]` answer: the status of an ExecuteResponse.
+#[derive(Debug, Clone)]
+pub struct StatusAnswer {
+    code: Code,
+    message: String,
+}
+
+impl FromStr for StatusAnswer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (code, message) = s.split_once(':').unwrap_or((s, ""));
+        let code = parse_status_code(code).map_err(|e| format!("{e} in CODE[:MESSAGE] {s:?}"))?;
+        let message = if message.is_empty() {
+            format!("fault injection: the action was not executed ({code:?})")
+        } else {
+            message.to_owned()
+        };
+        Ok(Self { code, message })
+    }
+}
+
+/// A non-OK gRPC status code for a command-line flag.
+pub fn parse_status_code(name: &str) -> Result<Code, String> {
+    parse_code(name)
+        .filter(|&c| c != Code::Ok)
+        .ok_or_else(|| format!("expected a non-OK gRPC status code, got {name:?}"))
+}
+
 /// A gRPC status code by name (`UNAVAILABLE`, `resource_exhausted`, `Unavailable`) or number.
 fn parse_code(name: &str) -> Option<Code> {
     if let Ok(n) = name.parse::<i32>() {
@@ -91,6 +120,8 @@ pub struct Faults {
     drop_execute_streams: AtomicU32,
     delay: Duration,
     corrupt_reads: AtomicU32,
+    execute_status: Option<StatusAnswer>,
+    missing_program: Option<Code>,
 }
 
 impl Faults {
@@ -108,7 +139,39 @@ impl Faults {
             drop_execute_streams: AtomicU32::new(drop_execute_streams),
             delay: Duration::from_millis(delay_ms),
             corrupt_reads: AtomicU32::new(corrupt_reads),
+            execute_status: None,
+            missing_program: None,
         }
+    }
+
+    /// How executions are answered instead of running the command: every one with
+    /// `execute_status`; those whose program cannot be started with `missing_program` (instead of
+    /// exit code 127), as some servers report a compiler missing on the workers.
+    pub fn with_execute_answers(
+        mut self,
+        execute_status: Option<StatusAnswer>,
+        missing_program: Option<Code>,
+    ) -> Self {
+        self.execute_status = execute_status;
+        self.missing_program = missing_program;
+        self
+    }
+
+    /// The status every execution is answered with, if `--fault-execute-status` is set.
+    pub fn execute_status(&self) -> Option<Status> {
+        self.execute_status
+            .as_ref()
+            .map(|a| Status::new(a.code, a.message.clone()))
+    }
+
+    /// The status an execution whose program cannot be started is answered with, if any.
+    pub fn missing_program(&self, program: &str, error: &std::io::Error) -> Option<Status> {
+        self.missing_program.map(|code| {
+            Status::new(
+                code,
+                format!("could not find or run the program {program:?} of the command: {error}"),
+            )
+        })
     }
 
     /// Called first by every RPC: applies the delay, then fails the call if a rule says so.
@@ -167,6 +230,13 @@ mod tests {
         assert!("Exec=UNAVAILABLE:1".parse::<FailRule>().is_err());
         assert!("Execute=NOPE:1".parse::<FailRule>().is_err());
         assert!("Execute=UNAVAILABLE".parse::<FailRule>().is_err());
+        let answer: StatusAnswer = "NOT_FOUND:no such compiler: here".parse().expect("parse");
+        assert_eq!(
+            (answer.code, answer.message.as_str()),
+            (Code::NotFound, "no such compiler: here")
+        );
+        assert!("INTERNAL".parse::<StatusAnswer>().is_ok());
+        assert!("OK".parse::<StatusAnswer>().is_err());
     }
 
     #[test]

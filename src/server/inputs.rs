@@ -2,9 +2,11 @@
 //! fetched and checked before anything is written: every entry name must be a single path
 //! component, unique in its directory, symlink targets must be relative, and every blob must be
 //! present (missing ones are all reported at once, so that the client can upload them and retry).
+//! Big files are hard links to shared copies ([`SharedFiles`]), the rest are written.
 
 use super::context::missing_blobs;
 use super::digest::BlobDigest;
+use super::shared_files::{LINK_THRESHOLD, SharedFiles};
 use super::storage::Storage;
 use bazel_remote_apis::build::bazel::remote::execution::v2::Directory;
 use std::collections::{HashMap, HashSet};
@@ -103,7 +105,12 @@ fn fetch_tree(
 }
 
 /// Writes the input root `root` into the existing, empty directory `dir`.
-pub fn materialize(storage: &Storage, root: &BlobDigest, dir: &Path) -> Result<(), Status> {
+pub fn materialize(
+    storage: &Storage,
+    shared: &SharedFiles,
+    root: &BlobDigest,
+    dir: &Path,
+) -> Result<(), Status> {
     let tree = fetch_tree(storage, root)?;
     let io = |path: &Path, e: std::io::Error| {
         Status::internal(format!("cannot materialize {}: {e}", path.display()))
@@ -123,6 +130,10 @@ pub fn materialize(storage: &Storage, root: &BlobDigest, dir: &Path) -> Result<(
         for file in &directory.files {
             let target = path.join(&file.name);
             let blob = BlobDigest::required(file.digest.as_ref(), "file node digest")?;
+            if blob.size >= LINK_THRESHOLD {
+                shared.place(storage, &blob, file.is_executable, &target)?;
+                continue;
+            }
             let data = storage.blob(&blob)?.ok_or_else(|| {
                 missing_blobs("the input root is incomplete", std::slice::from_ref(&blob))
             })?;

@@ -21,6 +21,7 @@ mod inputs;
 mod isolation;
 mod outputs;
 mod paths;
+mod shared_files;
 mod storage;
 mod worker;
 
@@ -187,6 +188,25 @@ pub struct ServeArgs {
     /// calls, then answered UNAUTHENTICATED as expired, so that clients must fetch new ones.
     #[arg(long, value_name = "N", help_heading = "Test knobs (fault injection)")]
     pub fault_expire_credentials: Option<u32>,
+
+    /// Test knob: answer every Execute with an ExecuteResponse whose status is CODE (and MESSAGE),
+    /// without running the action, e.g. `NOT_FOUND:could not canonicalize path for command root`.
+    #[arg(
+        long,
+        value_name = "CODE[:MESSAGE]",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_execute_status: Option<faults::StatusAnswer>,
+
+    /// Test knob: when an action's program cannot be started (a compiler missing on the worker),
+    /// answer with an ExecuteResponse status CODE, as some servers do, instead of exit code 127.
+    #[arg(
+        long,
+        value_name = "CODE",
+        value_parser = faults::parse_status_code,
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub missing_program_status: Option<tonic::Code>,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -259,6 +279,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.fault_drop_execute_stream,
             args.fault_delay_ms,
             args.fault_corrupt_reads,
+        )
+        .with_execute_answers(
+            args.fault_execute_status.clone(),
+            args.missing_program_status,
         ),
         hostile: hostile::Hostile::new(
             &args.fault_slow,
@@ -277,6 +301,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let worker = worker::Worker {
         context: context.clone(),
+        shared: shared_files::SharedFiles::new(work_root.join("shared-inputs"))?,
         work_root,
         isolation,
         name: format!("dtlto-reapi-serve@{}", std::process::id()),

@@ -8,6 +8,7 @@ use super::digest::BlobDigest;
 use super::inputs::materialize;
 use super::isolation::Isolation;
 use super::outputs::{self, OutputPath};
+use super::shared_files::SharedFiles;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     Action, ActionResult, Command, ExecutedActionMetadata,
 };
@@ -37,6 +38,8 @@ pub fn now() -> Timestamp {
 pub struct Worker {
     pub context: Arc<Context>,
     pub work_root: PathBuf,
+    /// Where big input files are kept once, to be linked into each action's directory.
+    pub shared: SharedFiles,
     pub isolation: Isolation,
     pub name: String,
 }
@@ -127,6 +130,9 @@ impl Worker {
             worker_start_timestamp: Some(now()),
             ..Default::default()
         };
+        if let Some(status) = self.context.faults.execute_status() {
+            return Err(status);
+        }
         check_command(&job.command)?;
         let timeout = timeout_of(&job.action)?;
         let input_root =
@@ -139,12 +145,16 @@ impl Worker {
             .map_err(|e| Status::internal(format!("cannot create an action directory: {e}")))?;
         let root = dir.path().join("root");
         metadata.input_fetch_start_timestamp = Some(now());
-        let (context, input_dir, input_layout) =
-            (self.context.clone(), root.clone(), layout.clone());
+        let (context, shared, input_dir, input_layout) = (
+            self.context.clone(),
+            self.shared.clone(),
+            root.clone(),
+            layout.clone(),
+        );
         blocking(move || {
             std::fs::create_dir(&input_dir)
                 .map_err(|e| Status::internal(format!("cannot create the input root: {e}")))?;
-            materialize(&context.storage, &input_root, &input_dir)?;
+            materialize(&context.storage, &shared, &input_root, &input_dir)?;
             outputs::prepare(&input_dir, &input_layout)
         })
         .await?;
@@ -226,6 +236,9 @@ impl Worker {
         let mut child = match process.spawn() {
             Ok(child) => child,
             Err(e) => {
+                if let Some(status) = self.context.faults.missing_program(program, &e) {
+                    return Err(status);
+                }
                 use std::io::Write;
                 let mut stderr = stderr;
                 // Best effort: the exit code already says the program could not run.

@@ -206,6 +206,7 @@ impl Project {
             linker_args: Vec::new(),
             inputs: None,
             stats_json: false,
+            compiler: None,
         }
     }
 }
@@ -220,6 +221,9 @@ pub struct Link<'p> {
     inputs: Option<Vec<PathBuf>>,
     /// Whether the distributor writes `--stats-json` beside the output.
     stats_json: bool,
+    /// The backend compiler and the arguments lld puts before the compile's own; default: the
+    /// toolchain's real compiler executable ([`tools::Toolchain::compiler`]).
+    compiler: Option<(PathBuf, Vec<String>)>,
 }
 
 impl Link<'_> {
@@ -271,6 +275,14 @@ impl Link<'_> {
         self.linker_arg(format!("--thinlto-remote-compiler-arg={arg}"))
     }
 
+    /// Backend compiles run `compiler` with `prepend` before their own arguments
+    /// (`--thinlto-remote-compiler`, `--thinlto-remote-compiler-prepend-arg`).
+    pub fn compiler(mut self, compiler: &Path, prepend: &[&str]) -> Self {
+        let prepend = prepend.iter().map(|s| (*s).to_owned()).collect();
+        self.compiler = Some((compiler.to_owned(), prepend));
+        self
+    }
+
     /// Runs the link and captures what it printed; it does not judge the result.
     pub fn run(self) -> Linked {
         let tools = toolchain();
@@ -278,8 +290,12 @@ impl Link<'_> {
         create_parent(&dir.join(&self.output));
         let mut dist_flag = OsString::from("-fthinlto-distributor=");
         dist_flag.push(distributor());
+        let (compiler, prepend) = self.compiler.clone().unwrap_or_else(|| {
+            let prepend = Some(tools.compiler_prepend.clone()).filter(|p| !p.is_empty());
+            (tools.compiler.clone(), prepend.into_iter().collect())
+        });
         let mut compiler_flag = OsString::from("--thinlto-remote-compiler=");
-        compiler_flag.push(&tools.clang);
+        compiler_flag.push(&compiler);
         let mut ld_flag = OsString::from("-fuse-ld=");
         ld_flag.push(&tools.lld);
 
@@ -299,6 +315,10 @@ impl Link<'_> {
             .arg(dist_flag)
             .arg("-Xlinker")
             .arg(compiler_flag);
+        for arg in prepend {
+            let flag = format!("--thinlto-remote-compiler-prepend-arg={arg}");
+            cmd.arg("-Xlinker").arg(flag);
+        }
         if let Some(path) = &stats_path {
             let mut flag = OsString::from("-Xthinlto-distributor=--stats-json=");
             flag.push(path);
@@ -506,6 +526,11 @@ impl Stats {
             .collect();
         actions.sort_unstable();
         actions
+    }
+
+    /// The link's compiler: `toolchain.mode`, `.digest`, `.bytes_uploaded`, ...
+    pub fn toolchain(&self) -> &serde_json::Value {
+        &self.0["toolchain"]
     }
 
     /// A counter of `transfers` (`bytes_uploaded`, `rpc_retries`, ...).

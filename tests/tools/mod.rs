@@ -19,6 +19,10 @@ pub struct Toolchain {
     pub clang: PathBuf,
     pub lld: PathBuf,
     pub ar: PathBuf,
+    /// The executable backend compiles run (never a wrapper script) and the argument that goes
+    /// before theirs (`clang` for `zig clang`; empty for a real clang).
+    pub compiler: PathBuf,
+    pub compiler_prepend: String,
 }
 
 /// The toolchain, located (and installed if needed) once per test process.
@@ -27,13 +31,17 @@ pub struct Toolchain {
 pub fn toolchain() -> &'static Toolchain {
     static TOOLCHAIN: OnceLock<Toolchain> = OnceLock::new();
     TOOLCHAIN.get_or_init(|| {
-        let [bin, clang, lld, ar] =
-            script_paths("scripts/toolchain.sh", ["BIN", "CLANG", "LLD", "AR"]);
+        let [bin, clang, lld, ar, compiler, prepend] = script_paths(
+            "scripts/toolchain.sh",
+            ["BIN", "CLANG", "LLD", "AR", "COMPILER", "COMPILER_PREPEND"],
+        );
         Toolchain {
             bin,
             clang,
             lld,
             ar,
+            compiler,
+            compiler_prepend: prepend.to_string_lossy().into_owned(),
         }
     })
 }
