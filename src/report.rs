@@ -242,7 +242,8 @@ impl Reporter {
     }
 }
 
-/// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`
+/// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`,
+/// with `; on the wire 0.6 MB up, 1.1 MB down` after the logical bytes when they differ (compression)
 fn summary_line(
     records: &[JobRecord],
     transfers: Option<&TransferStats>,
@@ -286,6 +287,15 @@ fn summary_line(
             megabytes(t.bytes_uploaded),
             megabytes(t.bytes_downloaded)
         ));
+        if (t.wire_bytes_uploaded, t.wire_bytes_downloaded)
+            != (t.bytes_uploaded, t.bytes_downloaded)
+        {
+            detail.push_str(&format!(
+                "; on the wire {} up, {} down",
+                megabytes(t.wire_bytes_uploaded),
+                megabytes(t.wire_bytes_downloaded)
+            ));
+        }
     }
     format!(
         "dtlto-reapi: {} ({detail}) in {:.2} s",
@@ -319,13 +329,19 @@ mod tests {
             summary_line(&records, None, Duration::from_millis(1500)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 local) in 1.50 s"
         );
-        let transfers = TransferStats {
+        let mut transfers = TransferStats {
             bytes_uploaded: 1_500_000,
+            wire_bytes_uploaded: 1_500_000,
             ..Default::default()
         };
         assert_eq!(
             summary_line(&records, Some(&transfers), Duration::from_millis(10)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 1.5 MB up, 0.0 MB down) in 0.01 s"
+        );
+        transfers.wire_bytes_uploaded = 700_000;
+        assert!(
+            summary_line(&records, Some(&transfers), Duration::from_millis(10))
+                .contains("; 1.5 MB up, 0.0 MB down; on the wire 0.7 MB up, 0.0 MB down)")
         );
     }
 }

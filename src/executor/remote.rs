@@ -25,7 +25,7 @@ use crate::reapi::{
     self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
-use crate::settings::{Mode, Settings};
+use crate::settings::{Compression, Mode, Settings};
 
 /// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {
@@ -82,6 +82,7 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
     options.correlated_invocations_id = settings.invocation_id.clone();
     // Every job in flight may hold a call (an Execute stream), plus a few transfers.
     options.concurrent_calls = settings.remote_jobs + settings.jobs;
+    options.compression = settings.remote_compression == Compression::Auto;
     Ok(options)
 }
 
