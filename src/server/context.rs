@@ -3,6 +3,7 @@
 
 use super::digest::BlobDigest;
 use super::faults::Faults;
+use super::stats::Stats;
 use super::storage::Storage;
 use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
 use bazel_remote_apis::google::{protobuf::Any, rpc};
@@ -18,6 +19,9 @@ pub struct Context {
     pub max_batch_bytes: u64,
     /// The newest REAPI 2.x minor version advertised in the capabilities.
     pub api_minor_version: i32,
+    /// Whether zstd transfers are offered and accepted.
+    pub compression: bool,
+    pub stats: Stats,
 }
 
 impl Context {

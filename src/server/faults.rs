@@ -84,6 +84,7 @@ pub struct Faults {
     drop_execute_streams: AtomicU32,
     delay: Duration,
     corrupt_reads: AtomicU32,
+    break_writes: AtomicU32,
 }
 
 impl Faults {
@@ -92,6 +93,7 @@ impl Faults {
         drop_execute_streams: u32,
         delay_ms: u64,
         corrupt_reads: u32,
+        break_writes: u32,
     ) -> Self {
         Self {
             fail: rules
@@ -101,6 +103,7 @@ impl Faults {
             drop_execute_streams: AtomicU32::new(drop_execute_streams),
             delay: Duration::from_millis(delay_ms),
             corrupt_reads: AtomicU32::new(corrupt_reads),
+            break_writes: AtomicU32::new(break_writes),
         }
     }
 
@@ -129,6 +132,11 @@ impl Faults {
     /// Whether this Execute stream is to be dropped after its first message.
     pub fn drop_execute_stream(&self) -> bool {
         take(&self.drop_execute_streams)
+    }
+
+    /// Whether this ByteStream write is to be broken after its first message.
+    pub fn break_write(&self) -> bool {
+        take(&self.break_writes)
     }
 
     /// Corrupts a blob about to be served, while `--fault-corrupt-reads` has reads left.
@@ -164,7 +172,7 @@ mod tests {
 
     #[test]
     fn counts_down() {
-        let faults = Faults::new(&[], 0, 0, 1);
+        let faults = Faults::new(&[], 0, 0, 1, 0);
         let mut data = b"abc".to_vec();
         faults.corrupt_read(&mut data);
         assert_eq!(data, b"\x9ebc");

@@ -10,6 +10,7 @@ mod action_cache;
 mod bytestream;
 mod capabilities;
 mod cas;
+mod compression;
 mod context;
 mod digest;
 mod execution;
@@ -18,6 +19,7 @@ mod inputs;
 mod isolation;
 mod outputs;
 mod paths;
+mod stats;
 mod storage;
 mod worker;
 
@@ -82,6 +84,16 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..=3), value_name = "N")]
     pub api_minor_version: i32,
 
+    /// Offer and accept no compressed transfers (REAPI compressed-blobs, zstd): the capabilities
+    /// list identity only, and compressed requests get INVALID_ARGUMENT.
+    #[arg(long)]
+    pub no_compression: bool,
+
+    /// At exit, write what clients transferred to FILE as JSON: blob uploads, distinct blobs
+    /// uploaded, blob bytes received and sent (as on the wire).
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+
     /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
     /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
     /// FindMissingBlobs, BatchUpdateBlobs, BatchReadBlobs, GetTree, ByteStream.Read,
@@ -122,6 +134,16 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_corrupt_reads: u32,
+
+    /// Test knob: break the first N ByteStream writes after their first message (kept, so that
+    /// QueryWriteStatus reports it) with UNAVAILABLE, so that the client must resume the upload.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_break_writes: u32,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -163,6 +185,15 @@ async fn termination() -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (context, served) = listen(&args).await?;
+    if let Some(path) = &args.stats_json {
+        context.stats.write(path)?;
+    }
+    served
+}
+
+/// Serves until shutdown; returns the shared context (for its statistics) and how serving ended.
+async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyhow::Result<()>)> {
     // Hold the temporary work root (if any) until the server exits.
     let (work_root, _temporary) = match &args.work_dir {
         Some(dir) => {
@@ -186,9 +217,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.fault_drop_execute_stream,
             args.fault_delay_ms,
             args.fault_corrupt_reads,
+            args.fault_break_writes,
         ),
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,
+        compression: !args.no_compression,
+        stats: stats::Stats::default(),
     });
     let workers = args
         .workers
@@ -246,7 +280,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     let stopped = shutdown.clone().cancelled_owned();
 
-    match parse_listen(&args.listen)? {
+    let served = match parse_listen(&args.listen)? {
         Listen::Tcp(address) => {
             let listener = tokio::net::TcpListener::bind(&address)
                 .await
@@ -273,7 +307,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _ = std::fs::remove_file(&path);
             served
         }
-    }
+    };
+    Ok((context, served))
 }
 
 /// Prints the line tests and scripts parse to find the server.
