@@ -643,7 +643,7 @@ async fn no_compression_offers_and_accepts_identity_only() {
         response.responses[0].status.as_ref().map(|s| s.code),
         Some(Code::InvalidArgument as i32)
     );
-    server.upload(&[blob.clone()]).await;
+    server.upload(std::slice::from_ref(&blob)).await;
     let name = format!("compressed-blobs/zstd/{}/{}", d.hash, d.size_bytes);
     assert_eq!(
         refused_read(&server, name, "compression off").await,
