@@ -6,6 +6,7 @@
 
 pub mod local;
 pub mod remote;
+mod uploads;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

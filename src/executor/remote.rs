@@ -7,8 +7,7 @@
 //! warning per cause rather than per job. In cache-only mode a miss compiles locally and the result
 //! is stored in the remote cache.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -17,6 +16,7 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 };
 use bazel_remote_apis::google::protobuf::Timestamp;
 
+use super::uploads::Uploads;
 use super::{LocalRunner, RunContext, local_action_result};
 use crate::jobs::Job;
 use crate::output::StagedOutputs;
@@ -35,8 +35,8 @@ pub struct RemoteExecutor {
     mode: Mode,
     /// Cache-only mode: store the results of local compiles in the remote cache.
     upload_results: bool,
-    /// Blobs this run has seen present in the CAS, so shared inputs are checked and sent once.
-    present: Mutex<HashSet<Digest>>,
+    /// The blobs this run uploads, each once however many jobs need it.
+    uploads: Uploads,
 }
 
 /// Why a job did not finish remotely.
@@ -51,6 +51,19 @@ enum RemoteFailure {
 
 impl From<ReapiError> for RemoteFailure {
     fn from(e: ReapiError) -> Self {
+        RemoteFailure::from(&e)
+    }
+}
+
+/// A failed upload shared by several jobs.
+impl From<Arc<ReapiError>> for RemoteFailure {
+    fn from(e: Arc<ReapiError>) -> Self {
+        RemoteFailure::from(&*e)
+    }
+}
+
+impl From<&ReapiError> for RemoteFailure {
+    fn from(e: &ReapiError) -> Self {
         if e.is_infrastructure() {
             RemoteFailure::Infrastructure(e.to_string())
         } else {
@@ -117,7 +130,7 @@ impl RemoteExecutor {
             client,
             local_fallback: settings.local_fallback,
             mode,
-            present: Mutex::new(HashSet::new()),
+            uploads: Uploads::default(),
         })
     }
 
@@ -302,16 +315,13 @@ impl RemoteExecutor {
                 return Ok((Ran::ActionCache, result));
             }
         }
-        self.upload_missing(spec, call).await?;
+        self.uploads.ensure(&self.client, &spec.blobs, call).await?;
         let response = match self.client.execute(&spec.action_digest, false, call).await {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked: send them again, once.
-                if let Ok(mut present) = self.present.lock() {
-                    for blob in &spec.blobs {
-                        present.remove(&blob.digest);
-                    }
-                }
-                self.upload_missing(spec, call).await?;
+                self.uploads
+                    .forget(spec.blobs.iter().map(|b| b.digest.clone()));
+                self.uploads.ensure(&self.client, &spec.blobs, call).await?;
                 self.client
                     .execute(&spec.action_digest, false, call)
                     .await?
@@ -346,33 +356,6 @@ impl RemoteExecutor {
             Ran::Remote
         };
         Ok((ran, result))
-    }
-
-    /// Uploads the action's blobs that the CAS lacks.
-    async fn upload_missing(
-        &self,
-        spec: &ActionSpec,
-        call: &CallContext,
-    ) -> Result<(), ReapiError> {
-        // Cloning the set would cost more than holding the lock for one filter pass.
-        let unknown: Vec<Blob> = match self.present.lock() {
-            Ok(present) => spec
-                .blobs
-                .iter()
-                .filter(|b| !present.contains(&b.digest))
-                .cloned()
-                .collect(),
-            Err(_) => spec.blobs.clone(),
-        };
-        if unknown.is_empty() {
-            return Ok(());
-        }
-        let digests: Vec<Digest> = unknown.iter().map(|b| b.digest.clone()).collect();
-        self.client.upload_missing(unknown, call).await?;
-        if let Ok(mut present) = self.present.lock() {
-            present.extend(digests);
-        }
-        Ok(())
     }
 
     /// Downloads every output of `result` into staged names, verifies them, and moves them into place.

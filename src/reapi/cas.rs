@@ -36,6 +36,10 @@ const FIND_MISSING_CHUNK: usize = 10_000;
 /// Requests of one transfer call in flight at once.
 const CONCURRENCY: usize = 8;
 
+/// Blob bytes uploaded at once by one client, in KiB (64 MiB): enough to keep a fast link busy,
+/// and a bound on the memory and the file reads that many concurrent jobs' uploads can hold.
+pub(super) const UPLOAD_BUDGET_KIB: u32 = 64 << 10;
+
 /// ByteStream message payload size.
 const STREAM_CHUNK: usize = 1 << 20;
 
@@ -188,6 +192,18 @@ impl Client {
             .chain(large.into_iter().map(Upload::Stream));
         futures::stream::iter(work)
             .map(|job| async move {
+                // A blob larger than the whole budget waits for all of it.
+                let bytes: u64 = match &job {
+                    Upload::Batch(blobs) => blobs.iter().map(|b| digest::size(&b.digest)).sum(),
+                    Upload::Stream(blob) => digest::size(&blob.digest),
+                };
+                let kib = u32::try_from(bytes.div_ceil(1024))
+                    .unwrap_or(u32::MAX)
+                    .min(UPLOAD_BUDGET_KIB);
+                let _permit =
+                    inner.upload_budget.acquire_many(kib).await.map_err(|_| {
+                        ReapiError::Config("the upload budget was closed".to_owned())
+                    })?;
                 match job {
                     Upload::Batch(blobs) => inner.upload_batch(blobs, ctx).await,
                     Upload::Stream(blob) => inner.write_stream(blob, ctx).await,

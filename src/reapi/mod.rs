@@ -146,6 +146,9 @@ struct Inner {
     /// Whether compression may be used (the server's capabilities decide on top).
     compression: bool,
     counters: Counters,
+    /// Bounds the blob bytes being uploaded at once, over all calls (in KiB; see
+    /// [`cas::UPLOAD_BUDGET_KIB`]).
+    upload_budget: tokio::sync::Semaphore,
     /// CancelOperation calls for abandoned executions, still in flight.
     cancellations: std::sync::Mutex<tokio::task::JoinSet<()>>,
 }
@@ -183,6 +186,7 @@ impl Client {
             },
             compression: opts.compression,
             counters: Counters::default(),
+            upload_budget: tokio::sync::Semaphore::new(cas::UPLOAD_BUDGET_KIB as usize),
             cancellations: Default::default(),
         };
         inner.capabilities = inner.read_capabilities().await?;
