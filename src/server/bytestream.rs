@@ -12,6 +12,7 @@ use bazel_remote_apis::google::bytestream::{
     QueryWriteStatusRequest, QueryWriteStatusResponse, ReadRequest, ReadResponse, WriteRequest,
     WriteResponse, byte_stream_server::ByteStream,
 };
+use futures::StreamExt as _;
 use futures::stream::{self, BoxStream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -140,6 +141,7 @@ impl ByteStreamService {
                 )));
             }
             self.context.stats.received(message.data.len());
+            self.context.throttle.receive(message.data.len()).await;
             if (received.len() + message.data.len()) as u64 > limit {
                 return Err(Status::invalid_argument(format!(
                     "more data than the {limit} bytes this blob can take"
@@ -204,13 +206,17 @@ impl ByteStream for ByteStreamService {
         self.context.stats.sent(end - start);
         let chunks: Vec<_> = data[start..end]
             .chunks(READ_CHUNK)
-            .map(|chunk| {
-                Ok(ReadResponse {
-                    data: chunk.to_vec(),
-                })
-            })
+            .map(|chunk| chunk.to_vec())
             .collect();
-        Ok(Response::new(Box::pin(stream::iter(chunks))))
+        let context = self.context.clone();
+        let paced = stream::iter(chunks).then(move |data| {
+            let context = context.clone();
+            async move {
+                context.throttle.send(data.len()).await;
+                Ok(ReadResponse { data })
+            }
+        });
+        Ok(Response::new(Box::pin(paced)))
     }
 
     async fn write(

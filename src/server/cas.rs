@@ -125,7 +125,9 @@ impl ContentAddressableStorage for CasService {
                 request.digest_function,
             )
             .await?;
-        self.check_batch_size(request.requests.iter().map(|r| r.data.len() as u64).sum())?;
+        let total: u64 = request.requests.iter().map(|r| r.data.len() as u64).sum();
+        self.check_batch_size(total)?;
+        self.0.throttle.receive(total as usize).await;
         let responses = request
             .requests
             .into_iter()
@@ -178,7 +180,9 @@ impl ContentAddressableStorage for CasService {
                     status: Some(status),
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let total: usize = responses.iter().map(|r| r.data.len()).sum();
+        self.0.throttle.send(total).await;
         Ok(Response::new(BatchReadBlobsResponse { responses }))
     }
 

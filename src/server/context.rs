@@ -5,6 +5,7 @@ use super::digest::BlobDigest;
 use super::faults::Faults;
 use super::stats::Stats;
 use super::storage::Storage;
+use super::throttle::Throttle;
 use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
 use bazel_remote_apis::google::{protobuf::Any, rpc};
 use prost::Message;
@@ -22,6 +23,7 @@ pub struct Context {
     /// Whether zstd transfers are offered and accepted.
     pub compression: bool,
     pub stats: Stats,
+    pub throttle: Throttle,
 }
 
 impl Context {

@@ -21,6 +21,7 @@ mod outputs;
 mod paths;
 mod stats;
 mod storage;
+mod throttle;
 mod worker;
 
 use anyhow::Context as _;
@@ -88,6 +89,15 @@ pub struct ServeArgs {
     /// list identity only, and compressed requests get INVALID_ARGUMENT.
     #[arg(long)]
     pub no_compression: bool,
+
+    /// Play a distant cluster: blob data to and from clients crosses a link of this bandwidth in
+    /// each direction (e.g. 50Mbit, 1Gbit), shared by all calls.
+    #[arg(long, value_name = "BITS_PER_SEC")]
+    pub throttle_bandwidth: Option<throttle::Bandwidth>,
+
+    /// Play a distant cluster: every call waits this many milliseconds before it starts.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub throttle_latency_ms: u64,
 
     /// At exit, write what clients transferred to FILE as JSON: blob uploads, distinct blobs
     /// uploaded, blob bytes received and sent (as on the wire).
@@ -215,7 +225,7 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
         faults: faults::Faults::new(
             &args.fault_fail,
             args.fault_drop_execute_stream,
-            args.fault_delay_ms,
+            args.fault_delay_ms + args.throttle_latency_ms,
             args.fault_corrupt_reads,
             args.fault_break_writes,
         ),
@@ -223,6 +233,7 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
         api_minor_version: args.api_minor_version,
         compression: !args.no_compression,
         stats: stats::Stats::default(),
+        throttle: throttle::Throttle::new(args.throttle_bandwidth),
     });
     let workers = args
         .workers
