@@ -25,31 +25,12 @@ project=$out/project
 generate_project
 cd "$project"
 
-server_pid=
-server_url=
-start_server() {
-    stop_server
-    "$distributor" serve --workers "$jobs" --throttle-bandwidth "$bandwidth" \
-        --throttle-latency-ms "$latency" >"$out/serve.out" 2>"$out/serve.err" &
-    server_pid=$!
-    for _ in $(seq 100); do
-        server_url=$(sed -n 's/^listening on //p' "$out/serve.out")
-        [[ -n $server_url ]] && return
-        sleep 0.05
-    done
-    say "the server did not start"; cat "$out/serve.err" >&2; exit 1
-}
-stop_server() {
-    [[ -z $server_pid ]] || { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
-    server_pid=
-}
 trap stop_server EXIT
 
 # link NAME COMPRESSION: a cold link through a fresh throttled server.
 link() {
     local name=$1
-    start_server
-    : >"$out/serve.out"
+    start_server --throttle-bandwidth "$bandwidth" --throttle-latency-ms "$latency"
     local args=(-Wl,--thinlto-remote-compiler="$CLANG" -fthinlto-distributor="$distributor"
         -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--remote-compression="$2"
         -Xthinlto-distributor=--stats-json="$out/$name.stats.json")

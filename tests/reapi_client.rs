@@ -562,9 +562,23 @@ fn compressible(len: usize, seed: u8) -> Vec<u8> {
     data(len, seed).into_iter().map(|b| b'a' + b % 16).collect()
 }
 
-/// What `serve --stats-json` wrote when it exited.
-async fn server_stats(server: Server, path: &std::path::Path) -> serde_json::Value {
+/// A server started with `args`, `--no-compression` unless `compresses`, and `--stats-json` into
+/// the returned directory (read with [`server_stats`]).
+async fn counting_server(args: &[&str], compresses: bool) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let stats_path = dir.path().join("serve-stats.json");
+    let mut args = args.to_vec();
+    args.extend(["--stats-json", stats_path.to_str().unwrap()]);
+    if !compresses {
+        args.push("--no-compression");
+    }
+    (Server::start(&args).await, dir)
+}
+
+/// What the [`counting_server`] wrote to `dir` when it exited.
+async fn server_stats(server: Server, dir: &tempfile::TempDir) -> serde_json::Value {
     assert!(server.terminate().await.success());
+    let path = dir.path().join("serve-stats.json");
     serde_json::from_slice(&std::fs::read(path).expect("serve --stats-json")).expect("JSON")
 }
 
@@ -574,14 +588,8 @@ async fn server_stats(server: Server, path: &std::path::Path) -> serde_json::Val
 #[tokio::test]
 async fn compressed_and_identity_transfers_round_trip() {
     for (server_compresses, client_compresses) in [(true, true), (false, true), (true, false)] {
-        let dir = tempfile::tempdir().unwrap();
-        let stats_path = dir.path().join("serve-stats.json");
-        let stats_arg = stats_path.to_str().unwrap();
-        let mut args = vec!["--max-batch-bytes", "65536", "--stats-json", stats_arg];
-        if !server_compresses {
-            args.push("--no-compression");
-        }
-        let server = Server::start(&args).await;
+        let (server, dir) =
+            counting_server(&["--max-batch-bytes", "65536"], server_compresses).await;
         let mut opts = options(&server);
         opts.compression = client_compresses;
         let client = Client::connect(&opts).await.expect("connect");
@@ -624,7 +632,7 @@ async fn compressed_and_identity_transfers_round_trip() {
             assert_eq!(stats.wire_bytes_downloaded, 2 * logical, "{stats:?}");
         }
         // The server's own count of what arrived agrees.
-        let served = server_stats(server, &stats_path).await;
+        let served = server_stats(server, &dir).await;
         assert_eq!(served["blob_bytes_received"], stats.wire_bytes_uploaded);
         assert_eq!(served["blob_bytes_sent"], stats.wire_bytes_downloaded);
         assert_eq!(served["blob_uploads"], 5);
@@ -636,14 +644,8 @@ async fn compressed_and_identity_transfers_round_trip() {
 #[tokio::test]
 async fn interrupted_uploads_resume_compressed_or_not() {
     for server_compresses in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let stats_path = dir.path().join("serve-stats.json");
-        let stats_arg = stats_path.to_str().unwrap();
-        let mut args = vec!["--fault-break-writes", "1", "--stats-json", stats_arg];
-        if !server_compresses {
-            args.push("--no-compression");
-        }
-        let server = Server::start(&args).await;
+        let (server, dir) =
+            counting_server(&["--fault-break-writes", "1"], server_compresses).await;
         let client = connect(&server).await;
         let blob = compressible(5 << 20, 9);
         let d = digest::of_bytes(&blob);
@@ -653,7 +655,7 @@ async fn interrupted_uploads_resume_compressed_or_not() {
             .expect("upload");
         assert_eq!(client.download(&d, &ctx()).await.unwrap(), blob);
         assert!(client.stats().rpc_retries >= 1);
-        let served = server_stats(server, &stats_path).await;
+        let served = server_stats(server, &dir).await;
         let received = served["blob_bytes_received"].as_u64().unwrap();
         // Resumed: every byte arrived once (starting over would resend the first 1 MiB).
         let expected = if server_compresses {

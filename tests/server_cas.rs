@@ -5,9 +5,9 @@
 mod support_server;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, Digest, Directory, DirectoryNode,
-    ExecuteRequest, FindMissingBlobsRequest, GetActionResultRequest, GetCapabilitiesRequest,
-    GetTreeRequest, OutputFile, batch_update_blobs_request,
+    ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, CacheCapabilities, Digest,
+    Directory, DirectoryNode, ExecuteRequest, FindMissingBlobsRequest, GetActionResultRequest,
+    GetCapabilitiesRequest, GetTreeRequest, OutputFile, batch_update_blobs_request,
     content_addressable_storage_client::ContentAddressableStorageClient,
 };
 use bazel_remote_apis::google::bytestream::ReadRequest;
@@ -458,6 +458,17 @@ async fn listens_on_a_unix_socket() {
     assert!(!socket.exists(), "the socket file is removed at exit");
 }
 
+async fn cache_capabilities(server: &Server) -> CacheCapabilities {
+    server
+        .capabilities()
+        .get_capabilities(GetCapabilitiesRequest::default())
+        .await
+        .expect("GetCapabilities")
+        .into_inner()
+        .cache_capabilities
+        .expect("cache capabilities")
+}
+
 /// Text-like data that zstd shrinks to about half.
 fn compressible(len: usize) -> Vec<u8> {
     let mut state = 0x9e37_79b9u32;
@@ -475,14 +486,7 @@ fn compressible(len: usize) -> Vec<u8> {
 async fn compressed_blobs_round_trip_resume_and_are_verified() {
     use dtlto_reapi::reapi::compression::{IDENTITY, ZSTD, compress, decompress};
     let server = Server::start(&[]).await;
-    let caps = server
-        .capabilities()
-        .get_capabilities(GetCapabilitiesRequest::default())
-        .await
-        .expect("GetCapabilities")
-        .into_inner()
-        .cache_capabilities
-        .expect("cache capabilities");
+    let caps = cache_capabilities(&server).await;
     assert_eq!(caps.supported_compressors, vec![IDENTITY, ZSTD]);
     assert_eq!(
         caps.supported_batch_update_compressors,
@@ -600,14 +604,7 @@ async fn compressed_blobs_round_trip_resume_and_are_verified() {
 async fn no_compression_offers_and_accepts_identity_only() {
     use dtlto_reapi::reapi::compression::{IDENTITY, ZSTD, compress};
     let server = Server::start(&["--no-compression"]).await;
-    let caps = server
-        .capabilities()
-        .get_capabilities(GetCapabilitiesRequest::default())
-        .await
-        .expect("GetCapabilities")
-        .into_inner()
-        .cache_capabilities
-        .expect("cache capabilities");
+    let caps = cache_capabilities(&server).await;
     assert_eq!(caps.supported_compressors, vec![IDENTITY]);
     assert_eq!(caps.supported_batch_update_compressors, vec![IDENTITY]);
     let blob = compressible(5000);
