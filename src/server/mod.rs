@@ -225,7 +225,7 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
         faults: faults::Faults::new(
             &args.fault_fail,
             args.fault_drop_execute_stream,
-            args.fault_delay_ms + args.throttle_latency_ms,
+            args.fault_delay_ms.saturating_add(args.throttle_latency_ms),
             args.fault_corrupt_reads,
             args.fault_break_writes,
         ),
