@@ -25,10 +25,9 @@ exec /usr/bin/time -f %M -o "\$RSS_FILE" "$distributor" "\$@"
 SH
 chmod +x "$out/measured-distributor"
 
-"$distributor" serve --workers "$jobs" >"$out/serve.out" 2>"$out/serve.err" &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-until url=$(sed -n 's/^listening on //p' "$out/serve.out") && [[ -n $url ]]; do sleep 0.05; done
+trap stop_server EXIT
+start_server
+url=$server_url
 
 measure() { # name distributor-args...
     local name=$1

@@ -1,6 +1,8 @@
 # Sourced (not run) by the benchmarks, after scripts/env.sh: `generate_project` writes the C
 # project of $modules modules x $functions functions (bench/gen_project.py) to $project, replacing
 # $out, compiles it with -flto=thin $jobs at a time, and lists the objects in $project/inputs.rsp.
+# `start_server [serve args...]` (re)starts `dtlto-reapi serve --workers $jobs` and sets
+# $server_url; `stop_server` stops it (the scripts `trap stop_server EXIT`).
 
 generate_project() {
     say "generating and compiling $modules modules x $functions functions in $project"
@@ -12,4 +14,23 @@ generate_project() {
             'for f; do "$0" --target=x86_64-linux-gnu -O2 -flto=thin -c "$f" -o "${f%.c}.o" || exit 1; done' "$CLANG"
         printf '%s\n' *.o >inputs.rsp
     )
+}
+
+server_pid=
+server_url=
+start_server() {
+    stop_server
+    : >"$out/serve.out"
+    "$distributor" serve --workers "$jobs" "$@" >"$out/serve.out" 2>"$out/serve.err" &
+    server_pid=$!
+    for _ in $(seq 100); do
+        server_url=$(sed -n 's/^listening on //p' "$out/serve.out")
+        [[ -n $server_url ]] && return
+        sleep 0.05
+    done
+    say "the server did not start"; cat "$out/serve.err" >&2; exit 1
+}
+stop_server() {
+    [[ -z $server_pid ]] || { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
+    server_pid=
 }

@@ -14,7 +14,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 source "$root/bench/project.sh"
-source "$root/bench/server.sh"
 modules=${MODULES:-300}
 functions=${FUNCTIONS:-16}
 jobs=${JOBS:-$(nproc)}
@@ -25,6 +24,7 @@ project=$out/project
 generate_project
 cd "$project"
 
+trap stop_server EXIT
 
 # link NAME DIR [distributor args...]: links DIR's objects, records whole-link and distributor times.
 link() {

@@ -15,7 +15,6 @@ set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 source "$root/bench/project.sh"
-source "$root/bench/server.sh"
 modules=${MODULES:-50}
 functions=${FUNCTIONS:-4}
 jobs=${JOBS:-$(nproc)}
@@ -26,6 +25,7 @@ project=$out/project
 generate_project
 export XDG_CACHE_HOME=$out/cache
 cd "$project"
+trap stop_server EXIT
 mkdir -p seed && printf 'int main(void) { return 0; }\n' >seed/seed.c
 "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c seed/seed.c -o seed/seed.o
 

@@ -278,7 +278,8 @@ impl Reporter {
 }
 
 /// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`,
-/// with `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded.
+/// with `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded, and
+/// `; on the wire 0.6 MB up, 1.1 MB down` after the logical bytes when they differ (compression).
 fn summary_line(
     records: &[JobRecord],
     transfers: Option<&TransferStats>,
@@ -326,6 +327,15 @@ fn summary_line(
             detail.push_str(&format!(", {} toolchain up", megabytes(toolchain_up)));
         }
         detail.push_str(&format!(", {} down", megabytes(t.bytes_downloaded)));
+        if (t.wire_bytes_uploaded, t.wire_bytes_downloaded)
+            != (t.bytes_uploaded, t.bytes_downloaded)
+        {
+            detail.push_str(&format!(
+                "; on the wire {} up, {} down",
+                megabytes(t.wire_bytes_uploaded),
+                megabytes(t.wire_bytes_downloaded)
+            ));
+        }
     }
     format!(
         "dtlto-reapi: {} ({detail}) in {:.2} s",
@@ -359,8 +369,9 @@ mod tests {
             summary_line(&records, None, 0, Duration::from_millis(1500)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 local) in 1.50 s"
         );
-        let transfers = TransferStats {
+        let mut transfers = TransferStats {
             bytes_uploaded: 1_500_000,
+            wire_bytes_uploaded: 1_500_000,
             ..Default::default()
         };
         assert_eq!(
@@ -376,6 +387,11 @@ mod tests {
                 Duration::from_millis(10)
             ),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 0.5 MB up, 1.0 MB toolchain up, 0.0 MB down) in 0.01 s"
+        );
+        transfers.wire_bytes_uploaded = 700_000;
+        assert!(
+            summary_line(&records, Some(&transfers), 0, Duration::from_millis(10))
+                .contains("; 1.5 MB up, 0.0 MB down; on the wire 0.7 MB up, 0.0 MB down)")
         );
     }
 }

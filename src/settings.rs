@@ -30,6 +30,16 @@ pub enum Mode {
     CacheOnly,
 }
 
+/// Whether blobs travel zstd-compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compression {
+    /// When the server offers zstd.
+    Auto,
+    /// Never.
+    Off,
+}
+
 /// The effective settings, defaults applied.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -60,6 +70,7 @@ pub struct Settings {
     pub invocation_id: Option<String>,
     pub layout: LayoutKind,
     pub remote_upload: bool,
+    pub remote_compression: Compression,
     pub disk_cache: Option<PathBuf>,
     pub disk_cache_max_size: u64,
 }
@@ -106,6 +117,7 @@ impl Settings {
             invocation_id: layers.invocation_id,
             layout: layers.layout.unwrap_or(LayoutKind::Canonical),
             remote_upload: layers.remote_upload.unwrap_or(true),
+            remote_compression: layers.remote_compression.unwrap_or(Compression::Auto),
             disk_cache: match layers.disk_cache {
                 // Given without a directory: the default place.
                 Some(dir) if dir.as_os_str().is_empty() => {
@@ -293,6 +305,12 @@ pub struct SettingsArgs {
           default_missing_value = "true", value_parser = BoolishValueParser::new(), value_name = "BOOL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_upload: Option<bool>,
+
+    /// zstd-compress blob transfers: auto (when the server offers it; small blobs stay
+    /// uncompressed) or off [default: auto]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_COMPRESSION", value_name = "WHEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_compression: Option<Compression>,
 
     /// Local disk cache of compile results, consulted before anything runs and filled after every
     /// successful job; `--disk-cache` alone uses <user cache dir>/dtlto-reapi/disk-cache [default: off]

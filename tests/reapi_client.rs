@@ -610,3 +610,149 @@ async fn impossible_digests_from_the_server_are_server_errors() {
         assert!(!path.exists());
     }
 }
+
+/// Text-like data that zstd shrinks to about half.
+fn compressible(len: usize, seed: u8) -> Vec<u8> {
+    data(len, seed).into_iter().map(|b| b'a' + b % 16).collect()
+}
+
+/// A server started with `args`, `--no-compression` unless `compresses`, and `--stats-json` into
+/// the returned directory (read with [`server_stats`]).
+async fn counting_server(args: &[&str], compresses: bool) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let stats_path = dir.path().join("serve-stats.json");
+    let mut args = args.to_vec();
+    args.extend(["--stats-json", stats_path.to_str().unwrap()]);
+    if !compresses {
+        args.push("--no-compression");
+    }
+    (Server::start(&args).await, dir)
+}
+
+/// What the [`counting_server`] wrote to `dir` when it exited.
+async fn server_stats(server: Server, dir: &tempfile::TempDir) -> serde_json::Value {
+    assert!(server.terminate().await.success());
+    let path = dir.path().join("serve-stats.json");
+    serde_json::from_slice(&std::fs::read(path).expect("serve --stats-json")).expect("JSON")
+}
+
+/// Compressed and identity paths both round-trip small and large blobs (batches and ByteStream,
+/// from memory and from files); a server without zstd is never sent compressed data (it refuses
+/// it), and neither is any server when the client turns compression off.
+#[tokio::test]
+async fn compressed_and_identity_transfers_round_trip() {
+    for (server_compresses, client_compresses) in [(true, true), (false, true), (true, false)] {
+        let (server, dir) =
+            counting_server(&["--max-batch-bytes", "65536"], server_compresses).await;
+        let mut opts = options(&server);
+        opts.compression = client_compresses;
+        let client = Client::connect(&opts).await.expect("connect");
+        let zstd = server_compresses && client_compresses;
+
+        let blobs_data: Vec<Vec<u8>> = vec![
+            compressible(100, 1),     // below the threshold
+            compressible(5000, 2),    // batch, compressed
+            data(5000, 3),            // batch, incompressible: sent as it is
+            compressible(3 << 20, 4), // ByteStream
+            data(200_000, 5),         // ByteStream, incompressible
+        ];
+        let large_path = dir.path().join("large");
+        std::fs::write(&large_path, &blobs_data[3]).unwrap();
+        let mut blobs: Vec<Blob> = blobs_data.iter().cloned().map(Blob::from_bytes).collect();
+        blobs[3] = Blob::from_file(large_path, digest::of_bytes(&blobs_data[3]));
+        client.upload(blobs, &ctx()).await.expect("upload");
+        for blob in &blobs_data {
+            let d = digest::of_bytes(blob);
+            assert_eq!(&client.download(&d, &ctx()).await.unwrap(), blob);
+            let path = dir.path().join("out");
+            client.download_to_file(&d, &path, &ctx()).await.unwrap();
+            assert_eq!(&std::fs::read(&path).unwrap(), blob);
+        }
+        let stats = client.stats();
+        let logical: u64 = blobs_data.iter().map(|b| b.len() as u64).sum();
+        assert_eq!(stats.bytes_uploaded, logical);
+        assert_eq!(stats.bytes_downloaded, 2 * logical);
+        if zstd {
+            assert!(
+                stats.wire_bytes_uploaded < logical * 3 / 4,
+                "{stats:?} of {logical}"
+            );
+            assert!(
+                stats.wire_bytes_downloaded < 2 * logical * 3 / 4,
+                "{stats:?}"
+            );
+        } else {
+            assert_eq!(stats.wire_bytes_uploaded, logical, "{stats:?}");
+            assert_eq!(stats.wire_bytes_downloaded, 2 * logical, "{stats:?}");
+        }
+        // The server's own count of what arrived agrees.
+        let served = server_stats(server, &dir).await;
+        assert_eq!(served["blob_bytes_received"], stats.wire_bytes_uploaded);
+        assert_eq!(served["blob_bytes_sent"], stats.wire_bytes_downloaded);
+        assert_eq!(served["blob_uploads"], 5);
+    }
+}
+
+/// An interrupted upload resumes from what the server committed — for a compressed upload an
+/// offset in compressed bytes — instead of starting over.
+#[tokio::test]
+async fn interrupted_uploads_resume_compressed_or_not() {
+    for server_compresses in [true, false] {
+        let (server, dir) =
+            counting_server(&["--fault-break-writes", "1"], server_compresses).await;
+        let client = connect(&server).await;
+        let blob = compressible(5 << 20, 9);
+        let d = digest::of_bytes(&blob);
+        client
+            .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
+            .await
+            .expect("upload");
+        assert_eq!(client.download(&d, &ctx()).await.unwrap(), blob);
+        assert!(client.stats().rpc_retries >= 1);
+        let served = server_stats(server, &dir).await;
+        let received = served["blob_bytes_received"].as_u64().unwrap();
+        // Resumed: every byte arrived once (starting over would resend the first 1 MiB).
+        let expected = if server_compresses {
+            dtlto_reapi::reapi::compression::compress(&blob)
+                .unwrap()
+                .len() as u64
+        } else {
+            blob.len() as u64
+        };
+        assert!(
+            received.abs_diff(expected) < 256 << 10,
+            "received {received}, expected about {expected}"
+        );
+        assert_eq!(served["blob_uploads"], 1);
+    }
+}
+
+/// Corrupt compressed data (zstd that does not decode) is read once more, like a digest mismatch,
+/// then reported as corruption, in batches and ByteStream alike.
+#[tokio::test]
+async fn corrupt_compressed_reads_are_detected() {
+    for (reads, size) in [(1, 5000), (2, 5000), (1, 200_000), (2, 200_000)] {
+        let reads = reads.to_string();
+        let server = Server::start(&[
+            "--max-batch-bytes",
+            "65536",
+            "--fault-corrupt-reads",
+            &reads,
+        ])
+        .await;
+        let client = connect(&server).await;
+        let blob = compressible(size, 7);
+        client
+            .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
+            .await
+            .unwrap();
+        let result = client.download(&digest::of_bytes(&blob), &ctx()).await;
+        if reads == "1" {
+            assert_eq!(result.unwrap(), blob);
+        } else {
+            let err = result.unwrap_err();
+            assert!(matches!(err, ReapiError::Integrity { .. }), "{err}");
+            assert!(err.to_string().contains("decompress"), "{err}");
+        }
+    }
+}

@@ -274,3 +274,60 @@ fn a_server_older_than_reapi_2_1_gets_output_files_and_works() {
         "{stats} {new_stats}"
     );
 }
+
+/// Every module calls one shared module, so every job imports it and needs it in its input root
+/// at the same time: it is uploaded once all the same, as is every other blob (counted by the
+/// server itself), and the client's count agrees.
+#[test]
+fn a_blob_needed_by_many_concurrent_jobs_is_uploaded_once() {
+    const USERS: usize = 16;
+    let mut sources = vec![(
+        "shared.c".to_owned(),
+        "long shared(long x) { long s = 0; for (long i = 0; i < x; i++) s += i * i % 7; return s; }\n"
+            .to_owned(),
+    )];
+    for i in 0..USERS {
+        sources.push((
+            format!("user{i}.c"),
+            format!(
+                "long shared(long);\nlong user{i}(long x) {{ return shared(x + {i}) + {i}; }}\n"
+            ),
+        ));
+    }
+    let declarations: String = (0..USERS)
+        .map(|i| format!("long user{i}(long);\n"))
+        .collect();
+    let calls: String = (0..USERS).map(|i| format!(" + user{i}(10)")).collect();
+    sources.push((
+        "main.c".to_owned(),
+        format!(
+            "#include <stdio.h>\n{declarations}int main(void) {{ printf(\"%ld\\n\", 0L{calls}); return 0; }}\n"
+        ),
+    ));
+    // shared(x) = sum of i*i % 7 for i < x; user_i(10) = shared(10 + i) + i.
+    let shared = |x: i64| (0..x).map(|i| i * i % 7).sum::<i64>();
+    let expected: i64 = (0..USERS as i64).map(|i| shared(10 + i) + i).sum();
+    let mut project = Project::new();
+    project.add_sources(sources);
+
+    let stats_dir = tempfile::tempdir().unwrap();
+    let stats_path = stats_dir.path().join("serve.json");
+    let server = hiding_server(
+        &project,
+        &[
+            "--stats-json",
+            stats_path.to_str().unwrap(),
+            "--workers",
+            "2",
+        ],
+    );
+    let (linked, stats) = remote_link(&project, &server, "app", &[]);
+    assert_eq!(linked.run_program(), format!("{expected}\n"));
+    assert_eq!(stats.ran(), ran_only("remote", USERS + 2));
+    drop(server);
+    let served: serde_json::Value =
+        serde_json::from_slice(&fs::read(&stats_path).expect("serve --stats-json")).unwrap();
+    let uploads = served["blob_uploads"].as_u64().unwrap();
+    assert_eq!(served["distinct_blobs_uploaded"], uploads, "{served}");
+    assert_eq!(stats.transfers("blobs_uploaded"), uploads, "{served}");
+}

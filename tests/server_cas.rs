@@ -5,9 +5,9 @@
 mod support_server;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, Digest, Directory, DirectoryNode,
-    ExecuteRequest, FindMissingBlobsRequest, GetActionResultRequest, GetCapabilitiesRequest,
-    GetTreeRequest, OutputFile, batch_update_blobs_request,
+    ActionResult, BatchReadBlobsRequest, BatchUpdateBlobsRequest, CacheCapabilities, Digest,
+    Directory, DirectoryNode, ExecuteRequest, FindMissingBlobsRequest, GetActionResultRequest,
+    GetCapabilitiesRequest, GetTreeRequest, OutputFile, batch_update_blobs_request,
     content_addressable_storage_client::ContentAddressableStorageClient,
 };
 use bazel_remote_apis::google::bytestream::ReadRequest;
@@ -456,4 +456,206 @@ async fn listens_on_a_unix_socket() {
 
     assert!(server.terminate().await.success());
     assert!(!socket.exists(), "the socket file is removed at exit");
+}
+
+async fn cache_capabilities(server: &Server) -> CacheCapabilities {
+    server
+        .capabilities()
+        .get_capabilities(GetCapabilitiesRequest::default())
+        .await
+        .expect("GetCapabilities")
+        .into_inner()
+        .cache_capabilities
+        .expect("cache capabilities")
+}
+
+/// Text-like data that zstd shrinks to about half.
+fn compressible(len: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9u32;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            b'a' + (state % 16) as u8
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn compressed_blobs_round_trip_resume_and_are_verified() {
+    use dtlto_reapi::reapi::compression::{IDENTITY, ZSTD, compress, decompress};
+    let server = Server::start(&[]).await;
+    let caps = cache_capabilities(&server).await;
+    assert_eq!(caps.supported_compressors, vec![IDENTITY, ZSTD]);
+    assert_eq!(
+        caps.supported_batch_update_compressors,
+        vec![IDENTITY, ZSTD]
+    );
+
+    let blob = compressible(300_000);
+    let d = digest(&blob);
+    let packed = compress(&blob).unwrap();
+    assert!(packed.len() < blob.len() * 3 / 4, "{}", packed.len());
+    let name = format!(
+        "uploads/4f0e3c1a-0000-4000-8000-000000000003/compressed-blobs/zstd/{}/{}",
+        d.hash, d.size_bytes
+    );
+    // An interrupted compressed upload: offsets and the committed size count compressed bytes.
+    let half = packed.len() / 2;
+    let first = vec![write_request(&name, 0, &packed[..half], false)];
+    server
+        .bytestream_write(first)
+        .await
+        .expect_err("unfinished");
+    let query = server.query_write_status(&name).await;
+    assert_eq!((query.committed_size, query.complete), (half as i64, false));
+    let rest = vec![write_request(&name, half, &packed[half..], true)];
+    let committed = server.bytestream_write(rest).await.expect("resumed write");
+    assert_eq!(committed, packed.len() as i64);
+    assert!(server.find_missing(vec![d.clone()]).await.is_empty());
+    // Already present: a compressed upload ends at once with -1.
+    let again = format!(
+        "uploads/u2/compressed-blobs/zstd/{}/{}",
+        d.hash, d.size_bytes
+    );
+    let early = vec![write_request(&again, 0, &packed[..10], false)];
+    assert_eq!(server.bytestream_write(early).await.expect("early"), -1);
+
+    // Compressed reads, whole and from a compressed offset.
+    let read = |offset| {
+        server.bytestream_read(
+            format!("compressed-blobs/zstd/{}/{}", d.hash, d.size_bytes),
+            offset,
+            0,
+        )
+    };
+    let whole = read(0).await.expect("compressed read");
+    assert_eq!(decompress(&whole, blob.len() as u64).unwrap(), blob);
+    assert_eq!(read(1000).await.expect("tail"), whole[1000..]);
+
+    // Batches: a zstd entry is stored decompressed; reads are compressed when accepted.
+    let small = compressible(5000);
+    let lie = compressible(5001);
+    let update = BatchUpdateBlobsRequest {
+        requests: vec![
+            batch_update_blobs_request::Request {
+                digest: Some(digest(&small)),
+                data: compress(&small).unwrap(),
+                compressor: ZSTD,
+            },
+            batch_update_blobs_request::Request {
+                digest: Some(digest(&lie[..5000])),
+                data: compress(&lie).unwrap(),
+                compressor: ZSTD,
+            },
+        ],
+        ..Default::default()
+    };
+    let statuses: Vec<i32> = server
+        .cas()
+        .batch_update_blobs(update)
+        .await
+        .expect("BatchUpdateBlobs")
+        .into_inner()
+        .responses
+        .iter()
+        .map(|r| r.status.as_ref().map_or(0, |s| s.code))
+        .collect();
+    assert_eq!(statuses, vec![0, Code::InvalidArgument as i32]);
+    for acceptable in [vec![], vec![ZSTD]] {
+        let response = server
+            .cas()
+            .batch_read_blobs(BatchReadBlobsRequest {
+                digests: vec![digest(&small)],
+                acceptable_compressors: acceptable.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("BatchReadBlobs")
+            .into_inner();
+        let entry = &response.responses[0];
+        if acceptable.is_empty() {
+            assert_eq!((entry.compressor, &entry.data), (IDENTITY, &small));
+        } else {
+            assert_eq!(entry.compressor, ZSTD);
+            assert_eq!(decompress(&entry.data, small.len() as u64).unwrap(), small);
+        }
+    }
+
+    // Compressed data of other content is refused and not stored.
+    let other = digest(&compressible(299_999));
+    let name = format!(
+        "uploads/u3/compressed-blobs/zstd/{}/{}",
+        other.hash, other.size_bytes
+    );
+    let wrong = vec![write_request(&name, 0, &packed, true)];
+    let status = server.bytestream_write(wrong).await.expect_err("wrong");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(server.find_missing(vec![other.clone()]).await, vec![other]);
+    let unknown = format!("compressed-blobs/brotli/{}/{}", d.hash, d.size_bytes);
+    assert_eq!(
+        refused_read(&server, unknown, "unknown compressor").await,
+        Code::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn no_compression_offers_and_accepts_identity_only() {
+    use dtlto_reapi::reapi::compression::{IDENTITY, ZSTD, compress};
+    let server = Server::start(&["--no-compression"]).await;
+    let caps = cache_capabilities(&server).await;
+    assert_eq!(caps.supported_compressors, vec![IDENTITY]);
+    assert_eq!(caps.supported_batch_update_compressors, vec![IDENTITY]);
+    let blob = compressible(5000);
+    let d = digest(&blob);
+    let name = format!(
+        "uploads/u/compressed-blobs/zstd/{}/{}",
+        d.hash, d.size_bytes
+    );
+    let write = vec![write_request(&name, 0, &compress(&blob).unwrap(), true)];
+    assert_eq!(
+        server
+            .bytestream_write(write)
+            .await
+            .expect_err("off")
+            .code(),
+        Code::InvalidArgument
+    );
+    let update = BatchUpdateBlobsRequest {
+        requests: vec![batch_update_blobs_request::Request {
+            digest: Some(d.clone()),
+            data: compress(&blob).unwrap(),
+            compressor: ZSTD,
+        }],
+        ..Default::default()
+    };
+    let response = server
+        .cas()
+        .batch_update_blobs(update)
+        .await
+        .expect("BatchUpdateBlobs")
+        .into_inner();
+    assert_eq!(
+        response.responses[0].status.as_ref().map(|s| s.code),
+        Some(Code::InvalidArgument as i32)
+    );
+    server.upload(std::slice::from_ref(&blob)).await;
+    let name = format!("compressed-blobs/zstd/{}/{}", d.hash, d.size_bytes);
+    assert_eq!(
+        refused_read(&server, name, "compression off").await,
+        Code::InvalidArgument
+    );
+    let response = server
+        .cas()
+        .batch_read_blobs(BatchReadBlobsRequest {
+            digests: vec![d],
+            acceptable_compressors: vec![ZSTD],
+            ..Default::default()
+        })
+        .await
+        .expect("BatchReadBlobs")
+        .into_inner();
+    assert_eq!(response.responses[0].compressor, IDENTITY);
+    assert_eq!(response.responses[0].data, blob);
 }

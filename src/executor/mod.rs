@@ -7,6 +7,7 @@
 mod child;
 pub mod local;
 pub mod remote;
+mod uploads;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! is stored in the remote cache.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 };
 use bazel_remote_apis::google::protobuf::Timestamp;
 
+use super::uploads::Uploads;
 use super::{LocalRunner, RunContext, local_action_result};
 use crate::jobs::Job;
 use crate::output::StagedOutputs;
@@ -27,7 +28,7 @@ use crate::reapi::{
     parse_helper_arg,
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
-use crate::settings::{Mode, Settings};
+use crate::settings::{Compression, Mode, Settings};
 
 /// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {
@@ -37,8 +38,8 @@ pub struct RemoteExecutor {
     mode: Mode,
     /// Cache-only mode: store the results of local compiles in the remote cache.
     upload_results: bool,
-    /// Blobs this run has seen present in the CAS, so shared inputs are checked and sent once.
-    present: Mutex<HashSet<Digest>>,
+    /// The blobs this run uploads, each once however many jobs need it.
+    uploads: Uploads,
     /// Set once the toolchain's files are in the CAS (upload mode), so they are sent once per link.
     toolchain_present: tokio::sync::OnceCell<()>,
     /// Bytes and blobs of the toolchain this link uploaded.
@@ -65,6 +66,19 @@ enum RemoteFailure {
 
 impl From<ReapiError> for RemoteFailure {
     fn from(e: ReapiError) -> Self {
+        RemoteFailure::from(&e)
+    }
+}
+
+/// A failed upload shared by several jobs.
+impl From<Arc<ReapiError>> for RemoteFailure {
+    fn from(e: Arc<ReapiError>) -> Self {
+        RemoteFailure::from(&*e)
+    }
+}
+
+impl From<&ReapiError> for RemoteFailure {
+    fn from(e: &ReapiError) -> Self {
         if e.is_infrastructure() {
             RemoteFailure::Infrastructure(e.to_string())
         } else {
@@ -103,6 +117,7 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
     options.correlated_invocations_id = settings.invocation_id.clone();
     // Every job in flight may hold a call (an Execute stream), plus a few transfers.
     options.concurrent_calls = settings.remote_jobs + settings.jobs;
+    options.compression = settings.remote_compression == Compression::Auto;
     Ok(options)
 }
 
@@ -140,7 +155,7 @@ impl RemoteExecutor {
             client,
             local_fallback: settings.local_fallback,
             mode,
-            present: Mutex::new(HashSet::new()),
+            uploads: Uploads::default(),
             toolchain_present: tokio::sync::OnceCell::new(),
             toolchain_bytes: AtomicU64::new(0),
             toolchain_blobs: AtomicU64::new(0),
@@ -360,16 +375,19 @@ impl RemoteExecutor {
             }
         }
         self.upload_toolchain(spec, call).await?;
-        self.upload_missing(spec, call).await?;
+        self.uploads.ensure(&self.client, &spec.blobs, call).await?;
         let response = match self.client.execute(&spec.action_digest, false, call).await {
             Err(e) if e.missing_blobs().is_some() => {
-                // The CAS lost blobs since we checked: send them again, once.
-                if let Ok(mut present) = self.present.lock() {
-                    for blob in spec.blobs.iter().chain(spec.toolchain_blobs.iter()) {
-                        present.remove(&blob.digest);
-                    }
-                }
-                self.upload_missing(spec, call).await?;
+                // The CAS lost blobs since we checked (the toolchain's too, maybe): send them
+                // again, once.
+                let all: Vec<Blob> = spec
+                    .blobs
+                    .iter()
+                    .chain(spec.toolchain_blobs.iter())
+                    .cloned()
+                    .collect();
+                self.uploads.forget(all.iter().map(|b| b.digest.clone()));
+                self.uploads.ensure(&self.client, &all, call).await?;
                 self.client
                     .execute(&spec.action_digest, false, call)
                     .await
@@ -440,38 +458,10 @@ impl RemoteExecutor {
             self.toolchain_bytes.fetch_add(bytes, Ordering::Relaxed);
             let count = u64::try_from(missing.len()).unwrap_or(u64::MAX);
             self.toolchain_blobs.fetch_add(count, Ordering::Relaxed);
-            if let Ok(mut present) = self.present.lock() {
-                present.extend(digests);
-            }
+            self.uploads.mark_present(digests);
             Ok::<(), ReapiError>(())
         };
         self.toolchain_present.get_or_try_init(upload).await?;
-        Ok(())
-    }
-
-    /// Uploads the action's blobs that the CAS lacks.
-    async fn upload_missing(
-        &self,
-        spec: &ActionSpec,
-        call: &CallContext,
-    ) -> Result<(), ReapiError> {
-        // Cloning the set would cost more than holding the lock for one filter pass.
-        let all = spec.blobs.iter().chain(spec.toolchain_blobs.iter());
-        let unknown: Vec<Blob> = match self.present.lock() {
-            Ok(present) => all
-                .filter(|b| !present.contains(&b.digest))
-                .cloned()
-                .collect(),
-            Err(_) => all.cloned().collect(),
-        };
-        if unknown.is_empty() {
-            return Ok(());
-        }
-        let digests: Vec<Digest> = unknown.iter().map(|b| b.digest.clone()).collect();
-        self.client.upload_missing(unknown, call).await?;
-        if let Ok(mut present) = self.present.lock() {
-            present.extend(digests);
-        }
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use bazel_remote_apis::build::bazel::semver::SemVer;
 
+use super::compression::ZSTD;
 use super::error::ReapiError;
 
 /// The batch limit assumed when the server sets none (gRPC's default message limit).
@@ -25,6 +26,11 @@ pub struct ServerCapabilities {
     pub ac_update_enabled: bool,
     /// The newest REAPI version the server speaks, `(major, minor)`.
     pub high_api_version: (i32, i32),
+    /// Whether the server reads and writes zstd through ByteStream's `compressed-blobs` (and so
+    /// may answer BatchReadBlobs compressed).
+    pub zstd: bool,
+    /// Whether BatchUpdateBlobs accepts zstd-compressed blobs.
+    pub zstd_batch_update: bool,
 }
 
 impl ServerCapabilities {
@@ -83,6 +89,8 @@ impl ServerCapabilities {
             high_api_version: version(&caps.high_api_version)
                 .or(version(&caps.deprecated_api_version))
                 .unwrap_or((2, 0)),
+            zstd: cache.supported_compressors.contains(&ZSTD),
+            zstd_batch_update: cache.supported_batch_update_compressors.contains(&ZSTD),
         })
     }
 }
@@ -124,7 +132,9 @@ mod tests {
                 max_batch_bytes: 1000,
                 exec_enabled: true,
                 ac_update_enabled: true,
-                high_api_version: (2, 3)
+                high_api_version: (2, 3),
+                zstd: false,
+                zstd_batch_update: false,
             }
         );
         assert!(c.supports_output_paths());
@@ -138,6 +148,12 @@ mod tests {
         old.high_api_version = None;
         let c = ServerCapabilities::from_proto("e", &old).unwrap();
         assert!(!c.exec_enabled && !c.supports_output_paths());
+
+        let mut zstd = caps(&[Sha256], 0);
+        let cache = zstd.cache_capabilities.as_mut().unwrap();
+        cache.supported_compressors = vec![ZSTD];
+        let c = ServerCapabilities::from_proto("e", &zstd).unwrap();
+        assert!(c.zstd && !c.zstd_batch_update);
     }
 
     #[test]

@@ -5,10 +5,13 @@
 //! whole in memory. An interrupted upload resumes from the size the server committed; an
 //! interrupted download resumes from the bytes already received. Every downloaded blob is checked
 //! against its digest, and a mismatch is read once more before it is reported as corruption.
+//! Where the server offers zstd, blobs travel compressed (see [`super::compression`]); the
+//! digests and every check stay on the uncompressed bytes.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +24,7 @@ use tokio::time::Instant;
 use tonic::Status;
 use tonic::transport::Channel;
 
+use super::compression::{self, Encoder, IDENTITY, StreamDecoder, ZSTD, ZSTD_NAME};
 use super::digest::{self, Digest, Hasher};
 use super::error::{ReapiError, status_from_proto};
 use super::retry::{self, Attempts, is_transient};
@@ -31,6 +35,10 @@ const FIND_MISSING_CHUNK: usize = 10_000;
 
 /// Requests of one transfer call in flight at once.
 const CONCURRENCY: usize = 8;
+
+/// Blob bytes uploaded at once by one client, in KiB (64 MiB): enough to keep a fast link busy,
+/// and a bound on the memory and the file reads that many concurrent jobs' uploads can hold.
+pub(super) const UPLOAD_BUDGET_KIB: u32 = 64 << 10;
 
 /// ByteStream message payload size.
 const STREAM_CHUNK: usize = 1 << 20;
@@ -188,6 +196,18 @@ impl Client {
             .chain(large.into_iter().map(Upload::Stream));
         futures::stream::iter(work)
             .map(|job| async move {
+                // A blob larger than the whole budget waits for all of it.
+                let bytes: u64 = match &job {
+                    Upload::Batch(blobs) => blobs.iter().map(|b| digest::size(&b.digest)).sum(),
+                    Upload::Stream(blob) => digest::size(&blob.digest),
+                };
+                let kib = u32::try_from(bytes.div_ceil(1024))
+                    .unwrap_or(u32::MAX)
+                    .min(UPLOAD_BUDGET_KIB);
+                let _permit =
+                    inner.upload_budget.acquire_many(kib).await.map_err(|_| {
+                        ReapiError::Config("the upload budget was closed".to_owned())
+                    })?;
                 match job {
                     Upload::Batch(blobs) => inner.upload_batch(blobs, ctx).await,
                     Upload::Stream(blob) => inner.write_stream(blob, ctx).await,
@@ -311,6 +331,11 @@ impl Inner {
         ByteStreamClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
+    /// Whether a blob of `size` bytes travels zstd-compressed through ByteStream and BatchReadBlobs.
+    fn zstd_for(&self, size: u64) -> bool {
+        self.compression && self.capabilities.zstd && compression::worth_compressing(size)
+    }
+
     /// Bytes of a batch request besides its blobs.
     fn batch_base(&self) -> usize {
         BATCH_SLACK + self.instance_name.len()
@@ -368,21 +393,8 @@ impl Inner {
     /// Uploads one batch; blobs that fail transiently are sent again, alone with the others
     /// that failed, within the call's retry budget.
     async fn upload_batch(&self, blobs: Vec<Blob>, ctx: &CallContext) -> Result<(), ReapiError> {
-        let mut pending = Vec::with_capacity(blobs.len());
-        for blob in blobs {
-            let data = match blob.source {
-                BlobSource::Bytes(data) => data,
-                BlobSource::File(path) => tokio::fs::read(&path)
-                    .await
-                    .map_err(|source| ReapiError::Io { path, source })?,
-            };
-            check_size(&blob.digest, data.len() as u64)?;
-            pending.push(re::batch_update_blobs_request::Request {
-                digest: Some(blob.digest),
-                data,
-                compressor: 0,
-            });
-        }
+        let zstd = self.compression && self.capabilities.zstd_batch_update;
+        let mut pending = blocking(move || batch_requests(blobs, zstd)).await?;
         let mut attempts = self.attempts(self.deadline());
         loop {
             let Some(remaining) = attempts.remaining() else {
@@ -419,7 +431,8 @@ impl Inner {
                             )
                         })?;
                         if status.code == 0 {
-                            self.counters.uploaded(digest::size(d));
+                            self.counters
+                                .uploaded(digest::size(d), blob.data.len() as u64);
                             continue;
                         }
                         let status = status_from_proto(status);
@@ -470,9 +483,19 @@ impl Inner {
                 ChunkSource::File(path)
             }
         };
+        // Compressed uploads count offsets in compressed bytes, up to zstd's bound.
+        let zstd = self.zstd_for(size);
+        let (kind, limit) = if zstd {
+            (
+                format!("compressed-blobs/{ZSTD_NAME}"),
+                compression::max_compressed_size(size),
+            )
+        } else {
+            ("blobs".to_owned(), size)
+        };
         let new_resource = || {
             let tail = format!(
-                "uploads/{}/blobs/{}/{}",
+                "uploads/{}/{kind}/{}/{}",
                 uuid::Uuid::new_v4(),
                 blob.digest.hash,
                 size
@@ -481,30 +504,38 @@ impl Inner {
         };
         let mut resource = new_resource();
         let mut offset = 0u64;
+        let progress = Arc::new(WriteProgress::default());
         let mut attempts = self.attempts(self.transfer_deadline(size));
         loop {
             let Some(remaining) = attempts.remaining() else {
                 return Err(self.fail("Write", &retry::deadline_passed(), &attempts));
             };
-            let read_error = Arc::new(Mutex::new(None));
             let chunks = write_requests(
                 source.clone(),
+                zstd,
                 resource.clone(),
                 offset,
                 size,
-                read_error.clone(),
+                progress.clone(),
             )
             .await?;
             let mut client = self.byte_stream();
             let call = client.write(self.request(chunks, ctx, remaining));
             let outcome = tokio::time::timeout(remaining, call).await;
-            if let Some(e) = read_error.lock().ok().and_then(|mut slot| slot.take()) {
+            if let Some(e) = progress.error.lock().ok().and_then(|mut slot| slot.take()) {
                 return Err(e);
             }
+            let sent = || progress.sent.load(Ordering::Relaxed);
             let status = match outcome {
                 Ok(Ok(response)) => {
                     let committed = response.get_ref().committed_size;
-                    if committed != size as i64 {
+                    // Servers answer a compressed upload with the compressed or the uncompressed
+                    // size, or -1 when the blob was already there.
+                    let accepted = committed == size as i64
+                        || zstd
+                            && (committed == -1
+                                || committed == progress.end.load(Ordering::Relaxed) as i64);
+                    if !accepted {
                         return Err(self.protocol_error(
                             "Write",
                             format!(
@@ -513,7 +544,7 @@ impl Inner {
                             ),
                         ));
                     }
-                    self.counters.uploaded(size);
+                    self.counters.uploaded(size, sent());
                     return Ok(());
                 }
                 Ok(Err(status)) => status,
@@ -523,11 +554,11 @@ impl Inner {
                 return Err(self.fail("Write", &status, &attempts));
             }
             match self.query_write_status(&resource, ctx, &attempts).await {
-                Some(s) if s.complete && s.committed_size == size as i64 => {
-                    self.counters.uploaded(size);
+                Some(s) if s.complete && (zstd || s.committed_size == size as i64) => {
+                    self.counters.uploaded(size, sent());
                     return Ok(());
                 }
-                Some(s) if !s.complete && (0..=size as i64).contains(&s.committed_size) => {
+                Some(s) if !s.complete && (0..=limit as i64).contains(&s.committed_size) => {
                     offset = s.committed_size as u64
                 }
                 // No usable answer: start over under a fresh upload name.
@@ -572,20 +603,29 @@ impl Inner {
         for _ in 0..2 {
             sink.restart().await?;
             let got = if self.fits_batch(d) {
-                let data = self.batch_read(d, ctx).await?;
-                sink.write(&data).await?;
-                digest::of_bytes(&data)
+                match self.batch_read(d, ctx).await? {
+                    Ok(data) => {
+                        sink.write(&data).await?;
+                        Ok(digest::of_bytes(&data))
+                    }
+                    Err(undecodable) => Err(undecodable),
+                }
             } else {
                 self.read_stream(d, ctx, sink).await?
             };
-            if got == *d {
-                self.counters.downloaded(digest::size(d));
-                return Ok(());
+            match got {
+                Ok(got) if got == *d => {
+                    self.counters.downloaded(digest::size(d));
+                    return Ok(());
+                }
+                Ok(got) => {
+                    mismatch = format!(
+                        "received {} bytes with SHA-256 {}",
+                        got.size_bytes, got.hash
+                    )
+                }
+                Err(undecodable) => mismatch = undecodable,
             }
-            mismatch = format!(
-                "received {} bytes with SHA-256 {}",
-                got.size_bytes, got.hash
-            );
         }
         Err(ReapiError::Integrity {
             endpoint: self.endpoint.clone(),
@@ -594,16 +634,23 @@ impl Inner {
         })
     }
 
-    /// Reads one blob with BatchReadBlobs.
-    async fn batch_read(&self, d: &Digest, ctx: &CallContext) -> Result<Vec<u8>, ReapiError> {
+    /// Reads one blob with BatchReadBlobs; the inner error says why what arrived cannot be
+    /// decompressed.
+    async fn batch_read(
+        &self,
+        d: &Digest,
+        ctx: &CallContext,
+    ) -> Result<Result<Vec<u8>, String>, ReapiError> {
+        let size = digest::size(d);
+        let zstd = self.zstd_for(size);
         let request = re::BatchReadBlobsRequest {
             instance_name: self.instance_name.clone(),
             digests: vec![d.clone()],
-            acceptable_compressors: Vec::new(),
+            acceptable_compressors: if zstd { vec![ZSTD] } else { Vec::new() },
             digest_function: 0,
         };
         let mut attempts = self.attempts(self.deadline());
-        retry::run(&mut attempts, |remaining| {
+        let response = retry::run(&mut attempts, |remaining| {
             let mut client = self.cas();
             let request = self.request(request.clone(), ctx, remaining);
             async move {
@@ -626,34 +673,55 @@ impl Inner {
                             format!("blob {}: {}", digest::display(d), status.message()),
                         ))
                     }
-                    _ => Ok(entry.data),
+                    _ => Ok((entry.data, entry.compressor)),
                 }
             }
         })
         .await
-        .map_err(|status| self.fail("BatchReadBlobs", &status, &attempts))
+        .map_err(|status| self.fail("BatchReadBlobs", &status, &attempts))?;
+        let (data, compressor) = response;
+        self.counters.received(data.len() as u64);
+        Ok(match compressor {
+            IDENTITY => Ok(data),
+            ZSTD if zstd => compression::decompress(&data, size)
+                .map_err(|e| format!("cannot decompress the zstd data: {e}")),
+            other => Err(format!("compressor {other}, which was not asked for")),
+        })
     }
 
     /// Reads one blob with ByteStream Read into `sink`, resuming after interruptions; returns the
-    /// digest of what arrived (reading stops early if more than the expected size arrives).
+    /// digest of what arrived (reading stops early if more than the expected size arrives), or
+    /// why compressed data could not be decompressed.
     async fn read_stream(
         &self,
         d: &Digest,
         ctx: &CallContext,
         sink: &mut Sink<'_>,
-    ) -> Result<Digest, ReapiError> {
+    ) -> Result<Result<Digest, String>, ReapiError> {
         let size = digest::size(d);
+        // A compressed read resumes at an offset in compressed bytes, into the same decoder.
+        let mut decoder = if self.zstd_for(size) {
+            Some(StreamDecoder::new(size).map_err(|e| read_error(None, e))?)
+        } else {
+            None
+        };
+        let kind = if decoder.is_some() {
+            format!("compressed-blobs/{ZSTD_NAME}")
+        } else {
+            "blobs".to_owned()
+        };
         let resource = resource_name(
             &self.instance_name,
-            &format!("blobs/{}/{}", d.hash, d.size_bytes),
+            &format!("{kind}/{}/{}", d.hash, d.size_bytes),
         );
         let mut hasher = Hasher::default();
+        let mut received = 0u64;
         let mut attempts = self.attempts(self.transfer_deadline(size));
         loop {
             let Some(remaining) = attempts.remaining() else {
                 return Err(self.fail("Read", &retry::deadline_passed(), &attempts));
             };
-            let before = hasher.size();
+            let before = received;
             let request = bs::ReadRequest {
                 resource_name: resource.clone(),
                 read_offset: before as i64,
@@ -666,25 +734,34 @@ impl Inner {
                     .await?
                     .into_inner();
                 while let Some(message) = self.next_message(&mut stream).await? {
-                    if hasher.size() + message.data.len() as u64 > size {
+                    self.counters.received(message.data.len() as u64);
+                    received += message.data.len() as u64;
+                    let data = match &mut decoder {
+                        Some(decoder) => decoder.feed(&message.data).map_err(|e| {
+                            ReadFailure::Undecodable(format!(
+                                "cannot decompress the zstd stream: {e}"
+                            ))
+                        })?,
+                        None => message.data,
+                    };
+                    if hasher.size() + data.len() as u64 > size {
                         // Too much data: count it so the digest mismatches, but do not store it.
-                        hasher.update(&message.data);
+                        hasher.update(&data);
                         break;
                     }
-                    sink.write(&message.data)
-                        .await
-                        .map_err(ReadFailure::Local)?;
-                    hasher.update(&message.data);
+                    sink.write(&data).await.map_err(ReadFailure::Local)?;
+                    hasher.update(&data);
                 }
                 Ok::<_, ReadFailure>(())
             };
             let status = match tokio::time::timeout(remaining, attempt).await {
-                Ok(Ok(())) => return Ok(std::mem::take(&mut hasher).finish()),
+                Ok(Ok(())) => return Ok(Ok(std::mem::take(&mut hasher).finish())),
+                Ok(Err(ReadFailure::Undecodable(why))) => return Ok(Err(why)),
                 Ok(Err(ReadFailure::Local(e))) => return Err(e),
                 Ok(Err(ReadFailure::Rpc(status))) => status,
                 Err(_) => retry::deadline_passed(),
             };
-            if hasher.size() > before {
+            if received > before {
                 attempts.reset();
             }
             if !attempts.retry_after(&status).await {
@@ -763,6 +840,8 @@ impl Client {
 enum ReadFailure {
     Rpc(Status),
     Local(ReapiError),
+    /// Compressed data that does not decompress: corrupt, like a digest mismatch.
+    Undecodable(String),
 }
 
 impl From<Status> for ReadFailure {
@@ -795,71 +874,195 @@ enum ChunkSource {
 enum ChunkReader {
     Bytes(Arc<Vec<u8>>),
     File(tokio::fs::File, PathBuf),
+    Zstd(Box<Encoder>),
 }
 
-/// The WriteRequests of one attempt, from `offset` to `size`. A file read error ends the stream
-/// early (so the server sees an unfinished write) and is left in `error` for the caller.
+/// What the request streams of one upload report back: bytes sent over all attempts, the offset
+/// after the last message, and a local read error that ended a stream early.
+#[derive(Default)]
+struct WriteProgress {
+    sent: AtomicU64,
+    end: AtomicU64,
+    error: Mutex<Option<ReapiError>>,
+}
+
+impl WriteProgress {
+    fn fail(&self, e: ReapiError) {
+        if let Ok(mut slot) = self.error.lock() {
+            *slot = Some(e);
+        }
+    }
+}
+
+/// The error of a failed read of `path` (`None`: an in-memory blob).
+fn read_error(path: Option<PathBuf>, source: io::Error) -> ReapiError {
+    ReapiError::Io {
+        path: path.unwrap_or_else(|| PathBuf::from("(blob in memory)")),
+        source,
+    }
+}
+
+impl ChunkReader {
+    /// Opens `source` at `offset`: of the blob, or with `zstd` of its compressed form.
+    async fn open(source: ChunkSource, zstd: bool, offset: u64) -> Result<Self, ReapiError> {
+        if zstd {
+            return blocking(move || {
+                let (encoder, path) = match source {
+                    ChunkSource::Bytes(data) => (Encoder::of_bytes(data), None),
+                    ChunkSource::File(path) => (Encoder::of_file(path.clone()), Some(path)),
+                };
+                let mut encoder = encoder.map_err(|e| read_error(path.clone(), e))?;
+                match encoder.skip(offset) {
+                    Ok(true) => Ok(ChunkReader::Zstd(Box::new(encoder))),
+                    Ok(false) => Err(read_error(
+                        path,
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!(
+                                "the server has {offset} compressed bytes, more than there are"
+                            ),
+                        ),
+                    )),
+                    Err(e) => Err(read_error(path, e)),
+                }
+            })
+            .await;
+        }
+        Ok(match source {
+            ChunkSource::Bytes(data) => ChunkReader::Bytes(data),
+            ChunkSource::File(path) => {
+                let io_err = |source| read_error(Some(path.clone()), source);
+                let mut file = tokio::fs::File::open(&path).await.map_err(io_err)?;
+                file.seek(io::SeekFrom::Start(offset))
+                    .await
+                    .map_err(io_err)?;
+                ChunkReader::File(file, path)
+            }
+        })
+    }
+
+    /// The next chunk at `offset` of a blob of `size` bytes, and whether it is the last.
+    async fn next(self, offset: u64, size: u64) -> (Self, Result<(Vec<u8>, bool), ReapiError>) {
+        let len = (size - offset).min(STREAM_CHUNK as u64) as usize;
+        let last = offset + len as u64 == size;
+        match self {
+            ChunkReader::Bytes(data) => {
+                let chunk = data
+                    .get(offset as usize..offset as usize + len)
+                    .map(|c| (c.to_vec(), last))
+                    .ok_or_else(|| read_error(None, io::ErrorKind::UnexpectedEof.into()));
+                (ChunkReader::Bytes(data), chunk)
+            }
+            ChunkReader::File(mut file, path) => {
+                let mut buffer = vec![0; len];
+                let read = file.read_exact(&mut buffer).await;
+                let chunk = read
+                    .map(|_| (buffer, last))
+                    .map_err(|e| read_error(Some(path.clone()), e));
+                (ChunkReader::File(file, path), chunk)
+            }
+            // The compressed size is known only at its end: a short chunk is the last one.
+            ChunkReader::Zstd(mut encoder) => {
+                blocking(move || {
+                    let chunk = encoder
+                        .read_chunk(STREAM_CHUNK)
+                        .map(|c| {
+                            let last = c.len() < STREAM_CHUNK;
+                            (c, last)
+                        })
+                        .map_err(|e| read_error(encoder.path.clone(), e));
+                    (ChunkReader::Zstd(encoder), chunk)
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// The WriteRequests of one attempt, from `offset` to the end (of the blob, or with `zstd` of its
+/// compressed form). A read error ends the stream early (so the server sees an unfinished write)
+/// and is left in `progress` for the caller.
 async fn write_requests(
     source: ChunkSource,
+    zstd: bool,
     resource: String,
     offset: u64,
     size: u64,
-    error: Arc<Mutex<Option<ReapiError>>>,
+    progress: Arc<WriteProgress>,
 ) -> Result<impl futures::Stream<Item = bs::WriteRequest> + Send + 'static, ReapiError> {
-    let reader = match source {
-        ChunkSource::Bytes(data) => ChunkReader::Bytes(data),
-        ChunkSource::File(path) => {
-            let io_err = |source| ReapiError::Io {
-                path: path.clone(),
-                source,
-            };
-            let mut file = tokio::fs::File::open(&path).await.map_err(io_err)?;
-            file.seek(io::SeekFrom::Start(offset))
-                .await
-                .map_err(io_err)?;
-            ChunkReader::File(file, path)
-        }
-    };
-    let state = (reader, Some(resource), offset, false);
+    let reader = ChunkReader::open(source, zstd, offset).await?;
+    let state = (Some(reader), Some(resource), offset);
     Ok(futures::stream::unfold(
         state,
-        move |(mut reader, mut resource, offset, finished)| {
-            let error = error.clone();
+        move |(reader, mut resource, offset)| {
+            let progress = progress.clone();
             async move {
-                if finished {
-                    return None;
-                }
-                let len = (size - offset).min(STREAM_CHUNK as u64) as usize;
-                let data = match &mut reader {
-                    ChunkReader::Bytes(data) => {
-                        data.get(offset as usize..offset as usize + len)?.to_vec()
-                    }
-                    ChunkReader::File(file, path) => {
-                        let mut buffer = vec![0; len];
-                        if let Err(source) = file.read_exact(&mut buffer).await {
-                            if let Ok(mut slot) = error.lock() {
-                                *slot = Some(ReapiError::Io {
-                                    path: path.clone(),
-                                    source,
-                                });
-                            }
-                            return None;
-                        }
-                        buffer
+                let (reader, chunk) = reader?.next(offset, size).await;
+                let (data, last) = match chunk {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        progress.fail(e);
+                        return None;
                     }
                 };
-                let end = offset + len as u64;
+                let end = offset + data.len() as u64;
+                progress
+                    .sent
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                progress.end.store(end, Ordering::Relaxed);
                 let request = bs::WriteRequest {
                     // Only the first message of a write names the resource.
                     resource_name: resource.take().unwrap_or_default(),
                     write_offset: offset as i64,
-                    finish_write: end == size,
+                    finish_write: last,
                     data,
                 };
-                Some((request, (reader, resource, end, end == size)))
+                let reader = if last { None } else { Some(reader) };
+                Some((request, (reader, resource, end)))
             }
         },
     ))
+}
+
+/// The BatchUpdateBlobs entries of `blobs`, read from their files and, with `zstd`, compressed
+/// when that makes them smaller (blocking).
+fn batch_requests(
+    blobs: Vec<Blob>,
+    zstd: bool,
+) -> Result<Vec<re::batch_update_blobs_request::Request>, ReapiError> {
+    blobs
+        .into_iter()
+        .map(|blob| {
+            let data = match blob.source {
+                BlobSource::Bytes(data) => data,
+                BlobSource::File(path) => {
+                    std::fs::read(&path).map_err(|source| ReapiError::Io { path, source })?
+                }
+            };
+            check_size(&blob.digest, data.len() as u64)?;
+            let compressed = (zstd && compression::worth_compressing(data.len() as u64))
+                .then(|| compression::compress(&data).ok())
+                .flatten()
+                .filter(|c| c.len() < data.len());
+            let (data, compressor) = match compressed {
+                Some(c) => (c, ZSTD),
+                None => (data, IDENTITY),
+            };
+            Ok(re::batch_update_blobs_request::Request {
+                digest: Some(blob.digest),
+                data,
+                compressor,
+            })
+        })
+        .collect()
+}
+
+/// Runs blocking work (file reads, compression) off the async threads.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
 }
 
 #[cfg(test)]
@@ -912,46 +1115,78 @@ mod tests {
         assert_eq!(blobs.len(), 1);
     }
 
+    /// The messages of one attempt, and what the attempt left in its progress.
+    async fn attempt(
+        source: &ChunkSource,
+        zstd: bool,
+        offset: u64,
+        size: u64,
+    ) -> (Vec<bs::WriteRequest>, Arc<WriteProgress>) {
+        let progress = Arc::new(WriteProgress::default());
+        let stream = write_requests(
+            source.clone(),
+            zstd,
+            "r".into(),
+            offset,
+            size,
+            progress.clone(),
+        )
+        .await
+        .unwrap();
+        (stream.collect().await, progress)
+    }
+
+    fn check_messages(requests: &[bs::WriteRequest], offset: u64) -> Vec<u8> {
+        assert_eq!(requests[0].resource_name, "r");
+        assert!(requests[1..].iter().all(|r| r.resource_name.is_empty()));
+        assert!(requests.last().unwrap().finish_write);
+        assert_eq!(requests.iter().filter(|r| r.finish_write).count(), 1);
+        let mut at = offset as i64;
+        for r in requests {
+            assert_eq!(r.write_offset, at);
+            at += r.data.len() as i64;
+        }
+        requests.iter().flat_map(|r| r.data.clone()).collect()
+    }
+
     #[tokio::test]
     async fn write_requests_cover_the_blob_once() {
         let data: Vec<u8> = (0..(2 * STREAM_CHUNK + 10)).map(|i| i as u8).collect();
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, &data).unwrap();
         let size = data.len() as u64;
-        for source in [
+        let sources = [
             ChunkSource::Bytes(Arc::new(data.clone())),
             ChunkSource::File(file.path().to_path_buf()),
-        ] {
+        ];
+        for source in &sources {
             for offset in [0, 5, STREAM_CHUNK as u64 + 3, size] {
-                let error = Arc::new(Mutex::new(None));
-                let stream =
-                    write_requests(source.clone(), "r".into(), offset, size, error.clone())
-                        .await
-                        .unwrap();
-                let requests: Vec<bs::WriteRequest> = stream.collect().await;
-                assert_eq!(requests[0].resource_name, "r");
-                assert!(requests[1..].iter().all(|r| r.resource_name.is_empty()));
-                assert!(requests.last().unwrap().finish_write);
-                assert_eq!(requests.iter().filter(|r| r.finish_write).count(), 1);
-                let joined: Vec<u8> = requests.iter().flat_map(|r| r.data.clone()).collect();
-                assert_eq!(joined, data[offset as usize..]);
-                assert_eq!(requests[0].write_offset, offset as i64);
-                assert!(error.lock().unwrap().is_none());
+                let (requests, progress) = attempt(source, false, offset, size).await;
+                assert_eq!(check_messages(&requests, offset), data[offset as usize..]);
+                assert_eq!(progress.end.load(Ordering::Relaxed), size);
+                assert_eq!(progress.sent.load(Ordering::Relaxed), size - offset);
+                assert!(progress.error.lock().unwrap().is_none());
             }
+            // Compressed: offsets count compressed bytes, and a resumed attempt continues the
+            // same compressed stream.
+            let (whole, progress) = attempt(source, true, 0, size).await;
+            let packed = check_messages(&whole, 0);
+            assert!(packed.len() < data.len() / 10, "{}", packed.len());
+            assert_eq!(progress.end.load(Ordering::Relaxed), packed.len() as u64);
+            assert_eq!(compression::decompress(&packed, size).unwrap(), data);
+            let (rest, _) = attempt(source, true, 100, size).await;
+            assert_eq!(check_messages(&rest, 100), packed[100..]);
         }
         // A file that shrank after hashing ends the stream early and reports why.
-        let error = Arc::new(Mutex::new(None));
-        let stream = write_requests(
-            ChunkSource::File(file.path().to_path_buf()),
-            "r".into(),
-            0,
-            size + 1,
-            error.clone(),
-        )
-        .await
-        .unwrap();
-        let requests: Vec<bs::WriteRequest> = stream.collect().await;
+        let (requests, progress) = attempt(&sources[1], false, 0, size + 1).await;
         assert!(!requests.iter().any(|r| r.finish_write));
-        assert!(error.lock().unwrap().is_some());
+        assert!(progress.error.lock().unwrap().is_some());
+        // A server claiming more compressed bytes than there are is refused.
+        let progress = Arc::new(WriteProgress::default());
+        assert!(
+            write_requests(sources[0].clone(), true, "r".into(), size, size, progress)
+                .await
+                .is_err()
+        );
     }
 }

@@ -11,6 +11,7 @@ mod action_cache;
 mod capabilities;
 mod cas;
 mod channel;
+pub mod compression;
 mod credentials;
 pub mod digest;
 mod error;
@@ -76,6 +77,8 @@ pub struct ConnectionOptions {
     /// Calls the client makes at once, at most (it opens one HTTP/2 connection per
     /// [`CALLS_PER_CONNECTION`] of them).
     pub concurrent_calls: usize,
+    /// Transfer blobs zstd-compressed when the server offers it (REAPI compressed-blobs).
+    pub compression: bool,
 }
 
 /// Calls carried by one HTTP/2 connection. Servers cap concurrent streams per connection (hyper's
@@ -100,6 +103,7 @@ impl ConnectionOptions {
             invocation_id: uuid::Uuid::new_v4().to_string(),
             correlated_invocations_id: None,
             concurrent_calls: CALLS_PER_CONNECTION,
+            compression: true,
         }
     }
 }
@@ -125,6 +129,7 @@ impl fmt::Debug for ConnectionOptions {
             .field("max_retries", &self.max_retries)
             .field("invocation_id", &self.invocation_id)
             .field("correlated_invocations_id", &self.correlated_invocations_id)
+            .field("compression", &self.compression)
             .finish()
     }
 }
@@ -148,7 +153,12 @@ struct Inner {
     timeout: Duration,
     execute_timeout: Duration,
     capabilities: ServerCapabilities,
+    /// Whether compression may be used (the server's capabilities decide on top).
+    compression: bool,
     counters: Counters,
+    /// Bounds the blob bytes being uploaded at once, over all calls (in KiB; see
+    /// [`cas::UPLOAD_BUDGET_KIB`]).
+    upload_budget: tokio::sync::Semaphore,
     /// CancelOperation calls for abandoned executions, still in flight.
     cancellations: std::sync::Mutex<tokio::task::JoinSet<()>>,
 }
@@ -191,8 +201,12 @@ impl Client {
                 exec_enabled: false,
                 ac_update_enabled: false,
                 high_api_version: (2, 0),
+                zstd: false,
+                zstd_batch_update: false,
             },
+            compression: opts.compression,
             counters: Counters::default(),
+            upload_budget: tokio::sync::Semaphore::new(cas::UPLOAD_BUDGET_KIB as usize),
             cancellations: Default::default(),
         };
         inner.capabilities = inner.read_capabilities().await?;

@@ -1,8 +1,10 @@
 //! The ByteStream service for blobs too large for a batch: Read on
 //! `{instance}/blobs/{hash}/{size}` with offset and limit, chunked Write on
 //! `{instance}/uploads/{uuid}/blobs/{hash}/{size}` verified before it is stored, and
-//! QueryWriteStatus so that an interrupted upload can resume where the server stopped.
+//! QueryWriteStatus so that an interrupted upload can resume where the server stopped. The same
+//! with `compressed-blobs/zstd/` for `blobs/`: offsets and sizes then count compressed bytes.
 
+use super::compression;
 use super::context::{Context, check_digest_function};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
@@ -10,6 +12,7 @@ use bazel_remote_apis::google::bytestream::{
     QueryWriteStatusRequest, QueryWriteStatusResponse, ReadRequest, ReadResponse, WriteRequest,
     WriteResponse, byte_stream_server::ByteStream,
 };
+use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,33 +32,46 @@ pub struct ByteStreamService {
 struct Resource {
     instance_name: String,
     digest: BlobDigest,
+    /// The compressor named by `compressed-blobs/{compressor}/` (checked by the caller).
+    compressor: Option<String>,
 }
 
 /// Parses `[instance/]blobs/[function/]{hash}/{size}`, or with `upload`
-/// `[instance/]uploads/{uuid}/blobs/[function/]{hash}/{size}[/metadata...]`. The instance name is
-/// everything before the first `blobs` or `uploads` segment: REAPI reserves those words.
+/// `[instance/]uploads/{uuid}/blobs/[function/]{hash}/{size}[/metadata...]`; either with
+/// `compressed-blobs/{compressor}` for `blobs`. The instance name is everything before the first
+/// `blobs`, `compressed-blobs` or `uploads` segment: REAPI reserves those words.
 fn parse(name: &str, upload: bool) -> Result<Resource, Status> {
     let bad = |why: &str| Status::invalid_argument(format!("resource name {name:?}: {why}"));
     let segments: Vec<&str> = name.split('/').collect();
-    let kind = if upload { "uploads" } else { "blobs" };
+    let kinds: &[&str] = if upload {
+        &["uploads"]
+    } else {
+        &["blobs", "compressed-blobs"]
+    };
     let at = segments
         .iter()
-        .position(|s| *s == kind)
-        .ok_or_else(|| bad(&format!("no {kind:?} segment")))?;
+        .position(|s| kinds.contains(s))
+        .ok_or_else(|| bad(&format!("no {:?} segment", kinds.join(" or "))))?;
     let instance_name = segments[..at].join("/");
-    let mut rest = &segments[at + 1..];
+    let mut rest = &segments[at..];
     if upload {
         // uploads/{uuid}/blobs/...
         match rest {
-            [_uuid, "blobs", tail @ ..] => rest = tail,
-            [_uuid, "compressed-blobs", ..] => {
-                return Err(Status::invalid_argument(
-                    "compressed uploads are not supported",
-                ));
-            }
+            [_, _uuid, tail @ ..] => rest = tail,
             _ => return Err(bad("expected uploads/{uuid}/blobs/{hash}/{size}")),
         }
     }
+    let compressor = match rest {
+        ["blobs", tail @ ..] => {
+            rest = tail;
+            None
+        }
+        ["compressed-blobs", compressor, tail @ ..] => {
+            rest = tail;
+            Some((*compressor).to_owned())
+        }
+        _ => return Err(bad("expected blobs/{hash}/{size}")),
+    };
     // An optional digest function name precedes the hash (REAPI 2.3).
     if let [function, _, _, ..] = rest
         && function.len() != 64
@@ -77,6 +93,7 @@ fn parse(name: &str, upload: bool) -> Result<Resource, Status> {
     Ok(Resource {
         instance_name,
         digest: BlobDigest::new(hash, size)?,
+        compressor,
     })
 }
 
@@ -88,10 +105,14 @@ impl ByteStreamService {
         }
     }
 
-    fn resource(&self, name: &str, upload: bool) -> Result<Resource, Status> {
+    /// The resource `name` names; whether it is compressed (with a compressor this server offers).
+    fn resource(&self, name: &str, upload: bool) -> Result<(BlobDigest, bool), Status> {
         let resource = parse(name, upload)?;
         self.context.check_instance(&resource.instance_name)?;
-        Ok(resource)
+        if let Some(compressor) = &resource.compressor {
+            compression::check_name(self.context.compression, compressor)?;
+        }
+        Ok((resource.digest, resource.compressor.is_some()))
     }
 
     fn uploads(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>>, Status> {
@@ -100,12 +121,15 @@ impl ByteStreamService {
             .map_err(|_| Status::internal("upload table lock poisoned"))
     }
 
-    /// Appends the stream's data to `received`; true once a message said finish_write.
+    /// Appends the stream's data to `received`, at most `limit` bytes in all; true once a
+    /// message said finish_write. With `cut`, fails with UNAVAILABLE after the first message.
     async fn receive(
+        &self,
         first: WriteRequest,
         stream: &mut Streaming<WriteRequest>,
         received: &mut Vec<u8>,
-        digest: &BlobDigest,
+        limit: u64,
+        cut: bool,
     ) -> Result<bool, Status> {
         let mut message = first;
         loop {
@@ -116,13 +140,17 @@ impl ByteStreamService {
                     received.len()
                 )));
             }
-            if (received.len() + message.data.len()) as u64 > digest.size {
+            self.context.stats.received(message.data.len());
+            self.context.throttle.receive(message.data.len()).await;
+            if (received.len() + message.data.len()) as u64 > limit {
                 return Err(Status::invalid_argument(format!(
-                    "more data than the {} bytes the digest names",
-                    digest.size
+                    "more data than the {limit} bytes this blob can take"
                 )));
             }
             received.extend_from_slice(&message.data);
+            if cut {
+                return Err(Status::unavailable("fault injection: write interrupted"));
+            }
             if message.finish_write {
                 return Ok(true);
             }
@@ -144,17 +172,15 @@ impl ByteStream for ByteStreamService {
     ) -> Result<Response<Self::ReadStream>, Status> {
         self.context.misbehave("ByteStream.Read").await?;
         let request = request.into_inner();
-        let resource = self.resource(&request.resource_name, false)?;
-        let digest = &resource.digest;
-        let offset = u64::try_from(request.read_offset)
-            .ok()
-            .filter(|offset| *offset <= digest.size)
-            .ok_or_else(|| {
-                Status::out_of_range(format!(
-                    "read_offset {} is outside the blob",
-                    request.read_offset
-                ))
-            })?;
+        let (digest, compressed) = self.resource(&request.resource_name, false)?;
+        let digest = &digest;
+        let outside = || {
+            Status::out_of_range(format!(
+                "read_offset {} is outside the blob",
+                request.read_offset
+            ))
+        };
+        let offset = u64::try_from(request.read_offset).map_err(|_| outside())?;
         let limit = u64::try_from(request.read_limit)
             .map_err(|_| Status::invalid_argument("read_limit is negative"))?;
         if let Some(invented) = self
@@ -164,20 +190,28 @@ impl ByteStream for ByteStreamService {
         {
             return Ok(Response::new(invented));
         }
-        let mut data = self
+        let blob = self
             .context
             .storage
             .blob(digest)?
-            .ok_or_else(|| Status::not_found(format!("blob {digest} is not in the CAS")))?
-            .to_vec();
+            .ok_or_else(|| Status::not_found(format!("blob {digest} is not in the CAS")))?;
+        let mut data = if compressed {
+            compression::encode(&blob)?
+        } else {
+            blob.to_vec()
+        };
+        if offset > data.len() as u64 {
+            return Err(outside());
+        }
         self.context.faults.corrupt_read(&mut data);
-        // offset <= size == data.len(), so both conversions and the slice are in range.
+        // offset <= data.len(), so both conversions and the slice are in range.
         let start = offset as usize;
         let end = if limit == 0 {
             data.len()
         } else {
             data.len().min(start.saturating_add(limit as usize))
         };
+        self.context.stats.sent(end - start);
         let chunks: Vec<_> = data[start..end]
             .chunks(READ_CHUNK)
             .map(|chunk| {
@@ -186,7 +220,17 @@ impl ByteStream for ByteStreamService {
                 })
             })
             .collect();
-        Ok(Response::new(self.context.hostile.read_stream(chunks)))
+        let context = self.context.clone();
+        let paced = self.context.hostile.read_stream(chunks).then(move |response| {
+            let context = context.clone();
+            async move {
+                if let Ok(r) = &response {
+                    context.throttle.send(r.data.len()).await;
+                }
+                response
+            }
+        });
+        Ok(Response::new(paced.boxed()))
     }
 
     async fn write(
@@ -200,21 +244,41 @@ impl ByteStream for ByteStreamService {
             .await?
             .ok_or_else(|| Status::invalid_argument("empty write stream"))?;
         let name = first.resource_name.clone();
-        let digest = self.resource(&name, true)?.digest;
-        let done = Response::new(WriteResponse {
-            committed_size: digest.to_proto().size_bytes,
-        });
-        // The blob is already here: finish at once, as the REAPI allows.
+        let (digest, compressed) = self.resource(&name, true)?;
+        // The blob is already here: finish at once, as the REAPI allows (a compressed upload
+        // then gets -1).
         if self.context.storage.has_blob(&digest)? {
             self.uploads()?.remove(&name);
-            return Ok(done);
+            self.context.stats.uploaded(&digest);
+            let committed_size = if compressed {
+                -1
+            } else {
+                digest.to_proto().size_bytes
+            };
+            return Ok(Response::new(WriteResponse { committed_size }));
         }
+        let limit = if compressed {
+            compression::max_upload_size(&digest)
+        } else {
+            digest.size
+        };
         let mut received = self.uploads()?.remove(&name).unwrap_or_default();
-        match Self::receive(first, &mut stream, &mut received, &digest).await {
+        let cut = self.context.faults.break_write();
+        match self
+            .receive(first, &mut stream, &mut received, limit, cut)
+            .await
+        {
             Ok(true) => {
                 // A mismatch discards the data: the client must start again.
-                self.context.storage.put_blob(&digest, &received)?;
-                Ok(done)
+                let committed_size = received.len() as i64;
+                let blob = if compressed {
+                    compression::decode(&received, &digest)?
+                } else {
+                    received
+                };
+                self.context.storage.put_blob(&digest, &blob)?;
+                self.context.stats.uploaded(&digest);
+                Ok(Response::new(WriteResponse { committed_size }))
             }
             outcome => {
                 // Keep what arrived so that QueryWriteStatus can report it and the client resume.
@@ -235,7 +299,7 @@ impl ByteStream for ByteStreamService {
             .enter("ByteStream.QueryWriteStatus")
             .await?;
         let name = request.into_inner().resource_name;
-        let digest = self.resource(&name, true)?.digest;
+        let (digest, _) = self.resource(&name, true)?;
         if self.context.storage.has_blob(&digest)? {
             return Ok(Response::new(QueryWriteStatusResponse {
                 committed_size: digest.to_proto().size_bytes,
@@ -264,6 +328,7 @@ mod tests {
         Resource {
             instance_name: instance.to_owned(),
             digest: BlobDigest::new(HASH, 3).expect("digest"),
+            compressor: None,
         }
     }
 
@@ -283,7 +348,20 @@ mod tests {
         );
         assert!(parse(&format!("blobs/{HASH}/3/extra"), false).is_err());
         assert!(parse(&format!("blobs/md5/{HASH}/3"), false).is_err());
-        assert!(parse(&format!("uploads/u/compressed-blobs/zstd/{HASH}/3"), true).is_err());
+        let zstd = |instance: &str| Resource {
+            compressor: Some("zstd".to_owned()),
+            ..resource(instance)
+        };
+        assert_eq!(
+            parse(&format!("uploads/u/compressed-blobs/zstd/{HASH}/3"), true).ok(),
+            Some(zstd(""))
+        );
+        assert_eq!(
+            parse(&format!("i/compressed-blobs/zstd/sha256/{HASH}/3"), false).ok(),
+            Some(zstd("i"))
+        );
+        assert!(parse(&format!("compressed-blobs/{HASH}/3"), false).is_err());
+        assert!(parse(&format!("uploads/u/{HASH}/3"), true).is_err());
         assert!(parse(&format!("blobs/{HASH}/x"), false).is_err());
         assert!(parse("", false).is_err());
     }

@@ -1,11 +1,13 @@
 //! The Capabilities service: tells clients what this server implements (SHA-256, the batch size
-//! limit, execution and action-cache updates enabled, REAPI 2.0 to 2.3, or to an older 2.N on request).
+//! limit, zstd unless `--no-compression`, execution and action-cache updates enabled, REAPI 2.0 to
+//! 2.3, or to an older 2.N on request).
 
+use super::compression;
 use super::context::Context;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionCacheUpdateCapabilities, CacheCapabilities, ExecutionCapabilities,
-    GetCapabilitiesRequest, ServerCapabilities, capabilities_server::Capabilities, compressor,
-    digest_function, symlink_absolute_path_strategy,
+    GetCapabilitiesRequest, ServerCapabilities, capabilities_server::Capabilities, digest_function,
+    symlink_absolute_path_strategy,
 };
 use bazel_remote_apis::build::bazel::semver::SemVer;
 use std::sync::Arc;
@@ -42,8 +44,8 @@ impl Capabilities for CapabilitiesService {
                 // Input symlinks with absolute targets are refused when materializing.
                 symlink_absolute_path_strategy: symlink_absolute_path_strategy::Value::Disallowed
                     as i32,
-                supported_compressors: vec![compressor::Value::Identity as i32],
-                supported_batch_update_compressors: vec![compressor::Value::Identity as i32],
+                supported_compressors: compression::offered(self.0.compression),
+                supported_batch_update_compressors: compression::offered(self.0.compression),
                 ..Default::default()
             }),
             execution_capabilities: Some(ExecutionCapabilities {

@@ -1,7 +1,8 @@
 //! The ContentAddressableStorage service: find missing blobs, batch upload and download (within
-//! `--max-batch-bytes`), and GetTree. The chunking RPCs (split/splice, REAPI 2.12+) are not
+//! `--max-batch-bytes`, zstd-compressed entries too unless `--no-compression`), and GetTree. The chunking RPCs (split/splice, REAPI 2.12+) are not
 //! offered: the capabilities do not advertise them, and they answer UNIMPLEMENTED.
 
+use super::compression;
 use super::context::{Context, ok_status, rpc_status};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
@@ -10,8 +11,7 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
     GetChunkMappingRequest, GetChunkMappingResponse, GetTreeRequest, GetTreeResponse,
     RegisterChunkMappingRequest, RegisterChunkMappingResponse, SpliceBlobRequest,
     SpliceBlobResponse, SplitBlobRequest, SplitBlobResponse, batch_read_blobs_response,
-    batch_update_blobs_response, compressor,
-    content_addressable_storage_server::ContentAddressableStorage,
+    batch_update_blobs_response, content_addressable_storage_server::ContentAddressableStorage,
 };
 use futures::stream::{self, BoxStream};
 use std::collections::{HashSet, VecDeque};
@@ -37,27 +37,29 @@ impl CasService {
     fn update_one(
         &self,
         digest: Option<&bazel_remote_apis::build::bazel::remote::execution::v2::Digest>,
-        data: &[u8],
+        data: Vec<u8>,
         compressor: i32,
     ) -> Result<(), Status> {
-        if compressor != compressor::Value::Identity as i32 {
-            return Err(Status::invalid_argument(
-                "only uncompressed (IDENTITY) uploads are supported",
-            ));
-        }
         let digest = BlobDigest::required(digest, "digest")?;
-        self.0.storage.put_blob(&digest, data)
+        let data = compression::decode_batch_entry(self.0.compression, compressor, data, &digest)?;
+        self.0.storage.put_blob(&digest, &data)?;
+        self.0.stats.uploaded(&digest);
+        Ok(())
     }
 
-    fn read_one(&self, digest: &BlobDigest) -> Result<Vec<u8>, Status> {
-        let mut data = self
+    /// A blob as sent to a client accepting `acceptable` compressors, and its compressor.
+    fn read_one(&self, digest: &BlobDigest, acceptable: &[i32]) -> Result<(Vec<u8>, i32), Status> {
+        let data = self
             .0
             .storage
             .blob(digest)?
             .ok_or_else(|| Status::not_found(format!("blob {digest} is not in the CAS")))?
             .to_vec();
+        let (mut data, compressor) =
+            compression::encode_batch_entry(self.0.compression, acceptable, data);
         self.0.faults.corrupt_read(&mut data);
-        Ok(data)
+        self.0.stats.sent(data.len());
+        Ok((data, compressor))
     }
 
     /// Every directory reachable from `root`, breadth first, each once; missing ones are left out.
@@ -123,18 +125,23 @@ impl ContentAddressableStorage for CasService {
                 request.digest_function,
             )
             .await?;
-        self.check_batch_size(request.requests.iter().map(|r| r.data.len() as u64).sum())?;
+        let total: u64 = request.requests.iter().map(|r| r.data.len() as u64).sum();
+        self.check_batch_size(total)?;
+        self.0.throttle.receive(total as usize).await;
         let responses = request
             .requests
-            .iter()
-            .map(|r| batch_update_blobs_response::Response {
-                digest: r.digest.clone(),
-                status: Some(
-                    match self.update_one(r.digest.as_ref(), &r.data, r.compressor) {
-                        Ok(()) => ok_status(),
-                        Err(e) => rpc_status(&e),
-                    },
-                ),
+            .into_iter()
+            .map(|r| {
+                self.0.stats.received(r.data.len());
+                batch_update_blobs_response::Response {
+                    status: Some(
+                        match self.update_one(r.digest.as_ref(), r.data, r.compressor) {
+                            Ok(()) => ok_status(),
+                            Err(e) => rpc_status(&e),
+                        },
+                    ),
+                    digest: r.digest,
+                }
             })
             .collect();
         Ok(Response::new(BatchUpdateBlobsResponse { responses }))
@@ -161,18 +168,21 @@ impl ContentAddressableStorage for CasService {
         let responses = digests
             .iter()
             .map(|digest| {
-                let (data, status) = match self.read_one(digest) {
-                    Ok(data) => (data, ok_status()),
-                    Err(e) => (Vec::new(), rpc_status(&e)),
-                };
+                let (data, compressor, status) =
+                    match self.read_one(digest, &request.acceptable_compressors) {
+                        Ok((data, compressor)) => (data, compressor, ok_status()),
+                        Err(e) => (Vec::new(), 0, rpc_status(&e)),
+                    };
                 batch_read_blobs_response::Response {
                     digest: Some(digest.to_proto()),
                     data,
-                    compressor: compressor::Value::Identity as i32,
+                    compressor,
                     status: Some(status),
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let total: usize = responses.iter().map(|r| r.data.len()).sum();
+        self.0.throttle.send(total).await;
         Ok(Response::new(BatchReadBlobsResponse { responses }))
     }
 

@@ -4,7 +4,9 @@
 use super::digest::BlobDigest;
 use super::faults::Faults;
 use super::hostile::Hostile;
+use super::stats::Stats;
 use super::storage::Storage;
+use super::throttle::Throttle;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, digest_function};
 use bazel_remote_apis::google::{protobuf::Any, rpc};
 use prost::Message;
@@ -24,6 +26,10 @@ pub struct Context {
     pub exec_enabled: bool,
     /// The platform properties the workers offer (`--platform`); `None` accepts any.
     pub platform: Option<Vec<(String, String)>>,
+    /// Whether zstd transfers are offered and accepted.
+    pub compression: bool,
+    pub stats: Stats,
+    pub throttle: Throttle,
 }
 
 impl Context {

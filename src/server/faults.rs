@@ -122,6 +122,7 @@ pub struct Faults {
     corrupt_reads: AtomicU32,
     execute_status: Option<StatusAnswer>,
     missing_program: Option<Code>,
+    break_writes: AtomicU32,
 }
 
 impl Faults {
@@ -130,6 +131,7 @@ impl Faults {
         drop_execute_streams: u32,
         delay_ms: u64,
         corrupt_reads: u32,
+        break_writes: u32,
     ) -> Self {
         Self {
             fail: rules
@@ -141,6 +143,7 @@ impl Faults {
             corrupt_reads: AtomicU32::new(corrupt_reads),
             execute_status: None,
             missing_program: None,
+            break_writes: AtomicU32::new(break_writes),
         }
     }
 
@@ -201,6 +204,11 @@ impl Faults {
         take(&self.drop_execute_streams)
     }
 
+    /// Whether this ByteStream write is to be broken after its first message.
+    pub fn break_write(&self) -> bool {
+        take(&self.break_writes)
+    }
+
     /// Corrupts a blob about to be served, while `--fault-corrupt-reads` has reads left.
     pub fn corrupt_read(&self, data: &mut Vec<u8>) {
         if take(&self.corrupt_reads) {
@@ -241,7 +249,7 @@ mod tests {
 
     #[test]
     fn counts_down() {
-        let faults = Faults::new(&[], 0, 0, 1);
+        let faults = Faults::new(&[], 0, 0, 1, 0);
         let mut data = b"abc".to_vec();
         faults.corrupt_read(&mut data);
         assert_eq!(data, b"\x9ebc");

@@ -12,6 +12,7 @@ mod auth;
 mod bytestream;
 mod capabilities;
 mod cas;
+mod compression;
 mod context;
 mod digest;
 mod execution;
@@ -22,7 +23,9 @@ mod isolation;
 mod outputs;
 mod paths;
 mod shared_files;
+mod stats;
 mod storage;
+mod throttle;
 mod worker;
 
 use anyhow::{Context as _, bail};
@@ -107,6 +110,25 @@ pub struct ServeArgs {
     /// property is accepted]
     #[arg(long, value_name = "NAME=VALUE", value_parser = parse_property)]
     pub platform: Vec<(String, String)>,
+
+    /// Offer and accept no compressed transfers (REAPI compressed-blobs, zstd): the capabilities
+    /// list identity only, and compressed requests get INVALID_ARGUMENT.
+    #[arg(long)]
+    pub no_compression: bool,
+
+    /// Play a distant cluster: blob data to and from clients crosses a link of this bandwidth in
+    /// each direction (e.g. 50Mbit, 1Gbit), shared by all calls.
+    #[arg(long, value_name = "BITS_PER_SEC")]
+    pub throttle_bandwidth: Option<throttle::Bandwidth>,
+
+    /// Play a distant cluster: every call waits this many milliseconds before it starts.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub throttle_latency_ms: u64,
+
+    /// At exit, write what clients transferred to FILE as JSON: blob uploads, distinct blobs
+    /// uploaded, blob bytes received and sent (as on the wire).
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
 
     /// Test knob: fail the first N calls of RPC with status CODE, e.g. `Execute=UNAVAILABLE:2`
     /// (UNAVAILABLE and RESOURCE_EXHAUSTED carry a RetryInfo). RPC is one of GetCapabilities,
@@ -207,6 +229,16 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub missing_program_status: Option<tonic::Code>,
+
+    /// Test knob: break the first N ByteStream writes after their first message (kept, so that
+    /// QueryWriteStatus reports it) with UNAVAILABLE, so that the client must resume the upload.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_break_writes: u32,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -256,6 +288,15 @@ async fn termination() -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (context, served) = listen(&args).await?;
+    if let Some(path) = &args.stats_json {
+        context.stats.write(path)?;
+    }
+    served
+}
+
+/// Serves until shutdown; returns the shared context (for its statistics) and how serving ended.
+async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyhow::Result<()>)> {
     // Hold the temporary work root (if any) until the server exits.
     let (work_root, _temporary) = match &args.work_dir {
         Some(dir) => {
@@ -277,8 +318,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         faults: faults::Faults::new(
             &args.fault_fail,
             args.fault_drop_execute_stream,
-            args.fault_delay_ms,
+            args.fault_delay_ms.saturating_add(args.throttle_latency_ms),
             args.fault_corrupt_reads,
+            args.fault_break_writes,
         )
         .with_execute_answers(
             args.fault_execute_status.clone(),
@@ -294,6 +336,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         api_minor_version: args.api_minor_version,
         exec_enabled: !args.no_execution,
         platform: (!args.platform.is_empty()).then(|| args.platform.clone()),
+        compression: !args.no_compression,
+        stats: stats::Stats::default(),
+        throttle: throttle::Throttle::new(args.throttle_bandwidth),
     });
     let workers = args
         .workers
@@ -358,7 +403,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     let stopped = shutdown.clone().cancelled_owned();
 
-    match parse_listen(&args.listen)? {
+    let served = match parse_listen(&args.listen)? {
         Listen::Tcp(address) => {
             let resolved = tcp_addresses(&address, args.allow_remote_clients).await?;
             let listener = tokio::net::TcpListener::bind(&resolved[..])
@@ -386,7 +431,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _ = std::fs::remove_file(&path);
             served
         }
-    }
+    };
+    Ok((context, served))
 }
 
 /// The socket addresses `address` names; all of them loopback unless `allow_remote` (the server

@@ -1,0 +1,64 @@
+//! What clients sent and fetched, counted by the server itself so that tests and benchmarks can
+//! check a client's transfers independently of the client's own figures (`--stats-json FILE`,
+//! written when the server exits).
+
+use super::digest::BlobDigest;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    uploads: AtomicU64,
+    distinct: Mutex<HashSet<BlobDigest>>,
+    bytes_received: AtomicU64,
+    bytes_sent: AtomicU64,
+}
+
+/// The JSON `--stats-json` writes.
+#[derive(Debug, serde::Serialize)]
+struct Totals {
+    /// Blob uploads that ended with the blob stored: BatchUpdateBlobs entries and ByteStream
+    /// writes, including those that found the blob already present.
+    blob_uploads: u64,
+    /// Distinct blobs among them: equal to `blob_uploads` when no blob was sent twice.
+    distinct_blobs_uploaded: u64,
+    /// Blob data bytes received (as sent: compressed or not).
+    blob_bytes_received: u64,
+    /// Blob data bytes sent by BatchReadBlobs and ByteStream reads (as sent).
+    blob_bytes_sent: u64,
+}
+
+impl Stats {
+    /// A client finished uploading `digest`.
+    pub fn uploaded(&self, digest: &BlobDigest) {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut distinct) = self.distinct.lock() {
+            distinct.insert(digest.clone());
+        }
+    }
+
+    /// `bytes` of blob data arrived.
+    pub fn received(&self, bytes: usize) {
+        self.bytes_received
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// `bytes` of blob data are being sent.
+    pub fn sent(&self, bytes: usize) {
+        self.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Writes the totals as JSON to `path`.
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        let totals = Totals {
+            blob_uploads: self.uploads.load(Ordering::Relaxed),
+            distinct_blobs_uploaded: self.distinct.lock().map_or(0, |d| d.len() as u64),
+            blob_bytes_received: self.bytes_received.load(Ordering::Relaxed),
+            blob_bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+        };
+        std::fs::write(path, serde_json::to_vec_pretty(&totals)?)
+            .map_err(|e| anyhow::anyhow!("cannot write --stats-json {}: {e}", path.display()))
+    }
+}
