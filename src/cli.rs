@@ -1,8 +1,9 @@
-//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config` and `serve`
-//! subcommands.
+//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config`, `serve`
+//! and `link` subcommands.
 //!
 //! The settings themselves, shared by the commands that take them, are in `settings`.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -37,6 +38,17 @@ pub enum Command {
     Config(ConfigArgs),
     /// Run a small REAPI v2 server (for tests, CI and single machines).
     Serve(ServeArgs),
+    /// Run a link with the options that make lld use this distributor added (see `link`).
+    Link(LinkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LinkArgs {
+    /// The linker driver: clang, clang++, cc, clang-cl, ld.lld, lld-link, ... (a name on PATH or a path)
+    pub driver: OsString,
+    /// The driver's arguments, passed through untouched
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]

@@ -4,7 +4,7 @@
 //! The modules follow the data flow: `jobs` (parse lld's job file) → `plan` (how each job is presented
 //! to what runs it) → `executor` (run it: local, remote, cache-only) → `output` (verify and place what
 //! lld reads), driven by `driver`, with `config` and `report` shared by every mode, `reapi` the protocol
-//! client and `server` the test server.
+//! client, `server` the test server and `link` the linker wrapper that puts the distributor into a link.
 
 pub mod bitcode;
 pub mod cache;
@@ -13,6 +13,7 @@ pub mod config;
 pub mod driver;
 pub mod executor;
 pub mod jobs;
+pub mod link;
 pub mod output;
 pub mod plan;
 pub mod reapi;
