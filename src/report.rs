@@ -236,10 +236,21 @@ impl Reporter {
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
             json.push(b'\n');
-            crate::output::write_atomically(path, &json)?;
+            crate::output::write_atomically(&stats_file(path, job_file), &json)?;
         }
         Ok(())
     }
+}
+
+/// Where `--stats-json PATH` goes: PATH itself, or, when PATH is a directory (a build runs many
+/// links), a file in it named after the job file: `app.1234.dist-file.json` → `app.1234.stats.json`.
+fn stats_file(path: &Path, job_file: &Path) -> PathBuf {
+    if !path.is_dir() {
+        return path.to_owned();
+    }
+    let name = job_file.file_name().unwrap_or_default().to_string_lossy();
+    let stem = name.strip_suffix(".dist-file.json").unwrap_or(&name);
+    path.join(format!("{stem}.stats.json"))
 }
 
 /// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`
@@ -301,6 +312,18 @@ fn megabytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_json_in_a_directory_is_named_after_the_job_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let job_file = Path::new("out/lib text.so.4321.dist-file.json");
+        assert_eq!(
+            stats_file(dir.path(), job_file),
+            dir.path().join("lib text.so.4321.stats.json")
+        );
+        let file = dir.path().join("stats.json");
+        assert_eq!(stats_file(&file, job_file), file);
+    }
 
     #[test]
     fn summary_counts() {

@@ -154,7 +154,8 @@ pub struct SettingsArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verbose: Option<bool>,
 
-    /// Write one JSON record per job (module, outputs, times, exit status, where it ran) to FILE
+    /// Write one JSON record per job (module, outputs, times, exit status, where it ran) to FILE; when
+    /// FILE is a directory, to <link output>.<PID>.stats.json in it (one file per link of a build)
     #[arg(long, env = "DTLTO_REAPI_STATS_JSON", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats_json: Option<PathBuf>,
