@@ -218,3 +218,22 @@ fn ld_lld_run_directly_gets_the_distributor_and_a_compiler() {
     assert_eq!(links[0].ran(), ran_only("local", 2), "{}", links[0]);
     assert!(project.dir().join("libab.so").is_file());
 }
+
+#[test]
+fn lld_own_cache_serves_a_relink_without_starting_the_distributor() {
+    let (project, expected) = chain_with_archive(3);
+    let wrappers = Wrappers::new(&["clang"]);
+    let stats = stats_dir(&project, "stats");
+    for _ in 0..2 {
+        let mut cmd = command(&project, &wrappers, &stats, "clang-dtlto");
+        cmd.args([TARGET, "-O2", "-flto=thin", "-fuse-ld=lld"])
+            .arg("-Wl,--thinlto-cache-dir=lld cache")
+            .args(project.inputs())
+            .args(["-o", "app"]);
+        run_ok(&mut cmd);
+        let out = run_ok(&mut Command::new(project.dir().join("app")));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    }
+    // Only the first link handed jobs to the distributor.
+    assert_eq!(stats_in(&stats).len(), 1);
+}
