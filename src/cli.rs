@@ -35,7 +35,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the effective settings and where each one came from.
-    Config(ConfigArgs),
+    Config(Box<ConfigArgs>),
     /// Run a small REAPI v2 server (for tests, CI and single machines).
     Serve(ServeArgs),
     /// Run a link with the options that make lld use this distributor added (see `link`).

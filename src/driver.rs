@@ -16,6 +16,7 @@ use crate::jobs::JobFile;
 use crate::reapi::ReapiError;
 use crate::report::Reporter;
 use crate::settings::{Mode, Settings};
+use crate::trace::Trace;
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
 pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
@@ -52,6 +53,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         reporter: reporter.clone(),
         cancel: CancellationToken::new(),
         keep_going: settings.keep_going,
+        trace: settings.trace.is_some().then(Trace::new),
     };
     let signalled = Arc::new(AtomicI32::new(0));
     let watcher = match watch_signals(ctx.cancel.clone(), signalled.clone()) {
@@ -115,6 +117,13 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     if let Err(e) = reporter.finish(&job_file.path, mode, transfers, stats_json) {
         reporter.error(&format!("cannot write --stats-json: {e}"));
         return ExitCode::FAILURE;
+    }
+    if let (Some(trace), Some(path)) = (&ctx.trace, &settings.trace) {
+        let path = crate::report::per_link_file(path, &job_file.path, "trace");
+        if let Err(e) = trace.write(&path) {
+            reporter.error(&format!("cannot write --trace {}: {e}", path.display()));
+            return ExitCode::FAILURE;
+        }
     }
     match signalled.load(Ordering::Relaxed) {
         0 if succeeded => ExitCode::SUCCESS,

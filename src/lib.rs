@@ -20,3 +20,4 @@ pub mod reapi;
 pub mod report;
 pub mod server;
 pub mod settings;
+pub mod trace;

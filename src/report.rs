@@ -236,21 +236,22 @@ impl Reporter {
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
             json.push(b'\n');
-            crate::output::write_atomically(&stats_file(path, job_file), &json)?;
+            crate::output::write_atomically(&per_link_file(path, job_file, "stats"), &json)?;
         }
         Ok(())
     }
 }
 
-/// Where `--stats-json PATH` goes: PATH itself, or, when PATH is a directory (a build runs many
-/// links), a file in it named after the job file: `app.1234.dist-file.json` → `app.1234.stats.json`.
-fn stats_file(path: &Path, job_file: &Path) -> PathBuf {
+/// Where a per-link file (`--stats-json PATH`, `--trace PATH`) goes: PATH itself, or, when PATH is a
+/// directory (a build runs many links), a file in it named after the job file:
+/// `app.1234.dist-file.json` → `app.1234.<kind>.json`.
+pub fn per_link_file(path: &Path, job_file: &Path, kind: &str) -> PathBuf {
     if !path.is_dir() {
         return path.to_owned();
     }
     let name = job_file.file_name().unwrap_or_default().to_string_lossy();
     let stem = name.strip_suffix(".dist-file.json").unwrap_or(&name);
-    path.join(format!("{stem}.stats.json"))
+    path.join(format!("{stem}.{kind}.json"))
 }
 
 /// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`
@@ -318,11 +319,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let job_file = Path::new("out/lib text.so.4321.dist-file.json");
         assert_eq!(
-            stats_file(dir.path(), job_file),
+            per_link_file(dir.path(), job_file, "stats"),
             dir.path().join("lib text.so.4321.stats.json")
         );
         let file = dir.path().join("stats.json");
-        assert_eq!(stats_file(&file, job_file), file);
+        assert_eq!(per_link_file(&file, job_file, "trace"), file);
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub struct Settings {
     pub quiet: bool,
     pub verbose: bool,
     pub stats_json: Option<PathBuf>,
+    pub trace: Option<PathBuf>,
     pub remote: Option<String>,
     pub instance_name: String,
     pub remote_header: Vec<String>,
@@ -75,6 +76,7 @@ impl Settings {
             quiet: layers.quiet.unwrap_or(false),
             verbose: layers.verbose.unwrap_or(false),
             stats_json: layers.stats_json,
+            trace: layers.trace,
             remote: layers.remote,
             instance_name: layers.instance_name.unwrap_or_default(),
             remote_header: layers.remote_header.unwrap_or_default(),
@@ -159,6 +161,13 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_STATS_JSON", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats_json: Option<PathBuf>,
+
+    /// Write a Chrome trace-event JSON of the link (Perfetto, chrome://tracing) to FILE: one track
+    /// per concurrent slot, a span per job phase; when FILE is a directory, to
+    /// <link output>.<PID>.trace.json in it
+    #[arg(long, env = "DTLTO_REAPI_TRACE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<PathBuf>,
 
     /// REAPI server: grpc://HOST:PORT, grpcs://HOST:PORT (TLS) or unix:///PATH
     #[arg(long, env = "DTLTO_REAPI_REMOTE", value_name = "URL")]

@@ -26,6 +26,7 @@ use crate::plan::planner::Planner;
 use crate::reapi::{self, Digest, TransferStats};
 use crate::report::{JobRecord, Ran, Reporter, Status};
 use crate::settings::Settings;
+use crate::trace::{self, Trace};
 use remote::RemoteExecutor;
 
 /// What every job of a run shares; cheap to clone (every job's task holds one).
@@ -36,6 +37,8 @@ pub struct RunContext {
     /// Cancelled on SIGINT/SIGTERM, and on the first failure unless `keep_going`.
     pub cancel: CancellationToken,
     pub keep_going: bool,
+    /// `--trace`: the spans of every job's phases.
+    pub trace: Option<Arc<Trace>>,
 }
 
 /// Runs `run_one` for every job, at most `concurrency` at once, biggest module first (the longest
@@ -84,7 +87,7 @@ where
             finish(Ok(record));
             continue;
         }
-        let run = run_one(job);
+        let run = trace::Scope::of(ctx.trace.as_ref(), &job).run(run_one(job));
         let (cancel, keep_going) = (ctx.cancel.clone(), ctx.keep_going);
         tasks.spawn(async move {
             let record = run.await;
@@ -134,6 +137,7 @@ impl LocalRunner {
             return (record, Vec::new());
         };
         let started = Instant::now();
+        let _phase = trace::phase("local compile");
         ctx.reporter.verbose(|| {
             format!(
                 "{}: running locally: {}",
@@ -274,6 +278,7 @@ impl Runner {
     /// results by Actions.
     async fn plan(&self, ctx: &RunContext, job: &Job) -> Option<ActionSpec> {
         let planner = self.planner.clone()?;
+        let _phase = trace::phase("plan");
         let (ctx, job) = (ctx.clone(), job.clone());
         let planned = tokio::task::spawn_blocking(move || {
             let warn_once = |cause: &'static str, text: &str| ctx.reporter.warn_once(cause, text);
@@ -301,6 +306,7 @@ impl Runner {
         started: Instant,
     ) -> Option<JobRecord> {
         let disk = self.disk.clone()?;
+        let _phase = trace::phase("disk-cache lookup");
         let (ctx, job, spec) = (ctx.clone(), job.clone(), spec.clone());
         let hit = tokio::task::spawn_blocking(move || {
             let result = disk.get_action_result(&spec.action_digest).ok()??;
@@ -330,6 +336,7 @@ impl Runner {
         let Some(disk) = self.disk.clone() else {
             return;
         };
+        let _phase = trace::phase("disk-cache store");
         let spec = spec.clone();
         let dir = disk.dir().to_owned();
         let stored = tokio::task::spawn_blocking(move || -> std::io::Result<()> {

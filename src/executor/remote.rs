@@ -26,6 +26,7 @@ use crate::reapi::{
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
 use crate::settings::{Mode, Settings};
+use crate::trace;
 
 /// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {
@@ -194,6 +195,7 @@ impl RemoteExecutor {
                     "infrastructure",
                     &format!("remote execution failed ({reason}); falling back to local compiles"),
                 );
+                let _phase = trace::phase("fallback");
                 return local.run(ctx, job).await;
             }
             Err(RemoteFailure::Infrastructure(reason) | RemoteFailure::Other(reason)) => {
@@ -218,11 +220,13 @@ impl RemoteExecutor {
         local: &LocalRunner,
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
-        match self
+        let lookup = trace::phase("action-cache lookup");
+        let found = self
             .client
             .get_action_result(&spec.action_digest, &output_names(spec), call)
-            .await
-        {
+            .await;
+        drop(lookup);
+        match found {
             Ok(Some(result)) if result.exit_code == 0 => {
                 if self.materialize(&job, spec, &result, call).await.is_ok() {
                     let output = self.stderr_of(&result, call).await;
@@ -263,6 +267,7 @@ impl RemoteExecutor {
         output: &[u8],
         call: &CallContext,
     ) -> Result<(), ReapiError> {
+        let _phase = trace::phase("upload");
         let mut blobs = Vec::new();
         let mut outputs = Vec::new();
         for (name, local) in &spec.outputs {
@@ -290,10 +295,13 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Result<(Ran, ActionResult), RemoteFailure> {
-        if let Some(result) = self
+        let lookup = trace::phase("action-cache lookup");
+        let cached = self
             .client
             .get_action_result(&spec.action_digest, &output_names(spec), call)
-            .await?
+            .await?;
+        drop(lookup);
+        if let Some(result) = cached
             && result.exit_code == 0
         {
             // A cached result whose blobs have expired is as good as a miss.
@@ -302,6 +310,7 @@ impl RemoteExecutor {
             }
         }
         self.upload_missing(spec, call).await?;
+        let execution = trace::phase("remote execution");
         let response = match self.client.execute(&spec.action_digest, false, call).await {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked: send them again, once.
@@ -317,6 +326,7 @@ impl RemoteExecutor {
             }
             other => other?,
         };
+        drop(execution);
         let Some(result) = response.result else {
             return Err(RemoteFailure::Other(
                 "the server's ExecuteResponse has no result".to_owned(),
@@ -338,12 +348,15 @@ impl RemoteExecutor {
                 stderr,
             });
         }
-        self.materialize(job, spec, &result, call).await?;
         let ran = if response.cached_result {
             Ran::ActionCache
         } else {
+            if let Some(meta) = &result.execution_metadata {
+                trace::remote_execution(meta);
+            }
             Ran::Remote
         };
+        self.materialize(job, spec, &result, call).await?;
         Ok((ran, result))
     }
 
@@ -366,6 +379,7 @@ impl RemoteExecutor {
         if unknown.is_empty() {
             return Ok(());
         }
+        let _phase = trace::phase("upload");
         let digests: Vec<Digest> = unknown.iter().map(|b| b.digest.clone()).collect();
         self.client.upload_missing(unknown, call).await?;
         if let Ok(mut present) = self.present.lock() {
@@ -383,6 +397,7 @@ impl RemoteExecutor {
         result: &ActionResult,
         call: &CallContext,
     ) -> Result<(), RemoteFailure> {
+        let _phase = trace::phase("download");
         let staged = StagedOutputs::new(job);
         for file in &result.output_files {
             let Some((_, local)) = spec.outputs.iter().find(|(name, _)| *name == file.path) else {
