@@ -3,14 +3,14 @@
 # `NAME=PATH` line each (CLANG, LLD, AR, BIN), for tests, benchmarks and the README's sample link.
 #
 # A clang and ld.lld >= 21 on PATH are preferred. Otherwise clang/lld 22 come from PyPI's
-# ziglang package, installed once into a virtual environment outside the repository, with
-# one-line wrappers (`clang`, `ld.lld`, `llvm-ar`) that make the zig binary look like ordinary tools.
+# ziglang package, installed once into a virtual environment outside the repository by
+# scripts/ziglang.sh, with one-line wrappers (`clang`, `ld.lld`, `llvm-ar`) that make the zig binary
+# look like ordinary tools.
 #
 # Environment: DTLTO_REAPI_TOOLCHAIN_DIR overrides the cache directory
 # (default: ${XDG_CACHE_HOME:-~/.cache}/dtlto-reapi/toolchain).
 set -euo pipefail
 
-ZIGLANG_VERSION=0.17.1
 dir="${DTLTO_REAPI_TOOLCHAIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dtlto-reapi/toolchain}"
 bin="$dir/bin"
 
@@ -35,14 +35,8 @@ if [[ -n "$sys_clang" && -n "$sys_lld" && $(major_version "$sys_clang") -ge 21 &
     sys_ar=$(command -v llvm-ar || command -v ar)
     write_wrapper llvm-ar "'$sys_ar'"
 else
-    venv="$dir/ziglang-$ZIGLANG_VERSION"
-    if ! compgen -G "$venv/lib/python3*/site-packages/ziglang/zig" >/dev/null; then
-        echo "toolchain.sh: installing ziglang==$ZIGLANG_VERSION from PyPI into $venv" >&2
-        rm -rf "$venv"
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install --quiet --disable-pip-version-check "ziglang==$ZIGLANG_VERSION" >&2
-    fi
-    zigdir=$(dirname "$(compgen -G "$venv/lib/python3*/site-packages/ziglang/zig" | head -n1)")
+    zig=$("$(dirname "${BASH_SOURCE[0]}")/ziglang.sh" | sed -n 's/^ZIG=//p')
+    zigdir=$(dirname "$zig")
     write_wrapper clang "'$zigdir/zig' clang -resource-dir '$zigdir/lib'"
     write_wrapper ld.lld "'$zigdir/zig' ld.lld"
     write_wrapper llvm-ar "'$zigdir/zig' ar"

@@ -381,6 +381,30 @@ mod tests {
     }
 
     #[test]
+    fn parses_lld_links_job_file() {
+        // lld-link 22.1.8, `/thinlto-remote-compiler:<zig> /thinlto-remote-compiler-prepend-arg:clang`,
+        // `t1.o t2.o libt3.lib`: the same schema as ld.lld's; the member named without parentheses.
+        let text = include_str!("bitcode/testdata/coff-dist-file.json");
+        let file = parse(serde_json::from_str(text).unwrap()).unwrap();
+        assert_eq!(file.compiler(), "/opt/ziglang/zig");
+        assert_eq!(file.linker_output, "a.exe");
+        let member = Path::new("libt3.libt3.o158.3.453F.o");
+        assert_eq!(file.jobs[0].imports(), [member, Path::new("t2.o")]);
+        assert_eq!(file.jobs[2].module(), member);
+        let command = file.command(&file.jobs[2]);
+        assert_eq!(
+            command[..4],
+            [
+                "/opt/ziglang/zig",
+                "clang",
+                "-c",
+                "--target=x86_64-pc-windows-msvc19.33.0"
+            ]
+        );
+        assert_eq!(command[9], "libt3.libt3.o158.3.453F.o");
+    }
+
+    #[test]
     fn missing_common_args() {
         let p = problems(json!({"common": {"inputs": []}, "jobs": []}));
         assert_eq!(p, vec!["missing `common.args`"]);

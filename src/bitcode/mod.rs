@@ -107,6 +107,13 @@ mod tests {
     /// The bitcode of `t1.o` from the same link.
     const MODULE: &[u8] = include_bytes!("testdata/t1.o");
 
+    /// A shard lld-link 22.1.8 (COFF, `--target=x86_64-pc-windows-msvc`) wrote for `t1.o`, which
+    /// imports from `t2.o` and from `t3.o` in `libt3.lib`, and the three modules' bitcode.
+    const COFF_SHARD: &[u8] = include_bytes!("testdata/coff-t1.thinlto.bc");
+    const COFF_T1: &[u8] = include_bytes!("testdata/coff-t1.o");
+    const COFF_T2: &[u8] = include_bytes!("testdata/coff-t2.o");
+    const COFF_MEMBER: &[u8] = include_bytes!("testdata/coff-libt3-member.o");
+
     fn paths(shard: &[u8]) -> Vec<Vec<u8>> {
         shard_modules(shard)
             .unwrap()
@@ -129,6 +136,30 @@ mod tests {
         );
         assert!(entries.iter().all(|entry| entry.hash.is_some()));
         assert_eq!(module_hash(MODULE).unwrap(), entries[1].hash);
+    }
+
+    #[test]
+    fn reads_a_coff_shard_whose_archive_member_has_lld_links_name() {
+        // lld-link names an extracted member `<archive file name><member name><offset>.<task>.<PID
+        // in hex>.o`: no parentheses, unlike ld.lld's `libt3.a(t3.o at 78)`.
+        let entries = shard_modules(COFF_SHARD).unwrap();
+        let recorded: Vec<&[u8]> = entries.iter().map(|entry| &entry.path[..]).collect();
+        assert_eq!(
+            recorded,
+            [&b"libt3.libt3.o158.3.453F.o"[..], b"t1.o", b"t2.o"]
+        );
+        // COFF-target bitcode is raw bitcode, like ELF-target bitcode: the hashes are found.
+        for (entry, module) in entries.iter().zip([COFF_MEMBER, COFF_T1, COFF_T2]) {
+            let hash = module_hash(module)
+                .unwrap()
+                .expect("a ThinLTO module has a hash");
+            assert!(entry.matches_hash(&hash), "{entry:?}");
+        }
+        let renamed = canonicalize_shard(COFF_SHARD, names(&["m.o", "z.o", "a.o"])).unwrap();
+        assert_eq!(
+            paths(&renamed),
+            [b"a.o".to_vec(), b"m.o".to_vec(), b"z.o".to_vec()]
+        );
     }
 
     #[test]

@@ -368,6 +368,77 @@ mod tests {
         );
     }
 
+    /// Writes the modules and the index shard of `t1.o`'s job in a real COFF link (lld-link 22.1.8:
+    /// `t1.o` imports from `t2.o` and from the member `t3.o` of `libt3.lib`) into `dir`, the member
+    /// under the name lld-link gave it, and plans the job's canonical layout.
+    fn coff_canonical_layout(dir: &Path, shard: &[u8], member: &str, pid: u32) -> Layout {
+        let testdata = |name: &str| -> Vec<u8> {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bitcode/testdata");
+            std::fs::read(path.join(name)).unwrap()
+        };
+        let native = format!("t1.1.{pid}.native.o");
+        let files = [
+            ("t1.o".to_owned(), testdata("coff-t1.o")),
+            (format!("{native}.thinlto.bc"), shard.to_vec()),
+            (member.to_owned(), testdata("coff-libt3-member.o")),
+            ("t2.o".to_owned(), testdata("coff-t2.o")),
+        ];
+        let mut inputs = Vec::new();
+        for (name, content) in files {
+            let path = dir.join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, content).unwrap();
+            inputs.push(path);
+        }
+        let file = JobFile {
+            path: "a.json".into(),
+            linker_output: "a.exe".into(),
+            common_args: vec!["zig".into(), "clang".into()],
+            common_inputs: vec![],
+            jobs: vec![Job {
+                index: 0,
+                args: vec![],
+                inputs,
+                outputs: vec![dir.join(native)],
+            }],
+        };
+        let job = &file.jobs[0];
+        let digests = FileDigests::compute(job.inputs.iter().map(PathBuf::as_path), 1).unwrap();
+        canonical(&file, job, &digests).unwrap()
+    }
+
+    #[test]
+    fn coff_archive_members_get_the_same_canonical_layout_in_every_link() {
+        // Two links of the same objects: the member's name carries lld-link's PID, and the second
+        // link's output (and so the member) is in a subdirectory.
+        let dir = tempfile::tempdir().unwrap();
+        let first = coff_canonical_layout(
+            &dir.path().join("one"),
+            include_bytes!("../bitcode/testdata/coff-t1.thinlto.bc"),
+            "libt3.libt3.o158.3.453F.o",
+            17727,
+        );
+        let second = coff_canonical_layout(
+            &dir.path().join("two"),
+            include_bytes!("../bitcode/testdata/coff-t1.relink.thinlto.bc"),
+            "again/libt3.libt3.o158.3.4574.o",
+            17780,
+        );
+        assert_eq!(first.kind, LayoutKind::Canonical);
+        let names = |layout: &Layout| -> Vec<String> {
+            layout.inputs.iter().map(|(name, _)| name.clone()).collect()
+        };
+        assert_eq!(names(&first), names(&second));
+        assert_eq!(first.generated, second.generated);
+        assert!(
+            names(&first)
+                .iter()
+                .all(|n| n.len() == 66 && n.ends_with(".o")),
+            "{:?}",
+            names(&first)
+        );
+    }
+
     proptest::proptest! {
         /// Whatever paths a job file names (absolute, `..` beyond the root, `.`, spaces, Unicode),
         /// planning gives a layout or a reason, and the layout gives an input tree or an error:

@@ -130,6 +130,13 @@ impl Project {
         copy
     }
 
+    /// Adds a file made some other way (e.g. compiled for another target) to the link's inputs;
+    /// `path` is relative to the working directory.
+    pub fn add_input(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.inputs.push(path.into());
+        self
+    }
+
     /// Writes `code` to `source`, compiles it and adds the object to the link.
     pub fn add_source(&mut self, source: &str, code: &str) -> &mut Self {
         let object = self.compile(source, code);
@@ -306,14 +313,7 @@ impl Link<'_> {
             cmd.arg("-Xlinker").arg(arg);
         }
         let out = run(&mut cmd);
-        Linked {
-            command: format!("{cmd:?}"),
-            status: out.status,
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            output,
-            stats_path,
-        }
+        Linked::from_run(&cmd, out, output, stats_path)
     }
 }
 
@@ -332,6 +332,25 @@ pub struct Linked {
 }
 
 impl Linked {
+    /// A link that `cmd` ran (e.g. a linker other than [`Link`]'s), printing `out`: `output` is the
+    /// linked program's absolute path, `stats_path` where the distributor was told to write its
+    /// `--stats-json`, if anywhere.
+    pub fn from_run(
+        cmd: &Command,
+        out: Output,
+        output: PathBuf,
+        stats_path: Option<PathBuf>,
+    ) -> Linked {
+        Linked {
+            command: format!("{cmd:?}"),
+            status: out.status,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            output,
+            stats_path,
+        }
+    }
+
     /// Panics with the link's command and stderr unless it succeeded.
     pub fn assert_success(&self) -> &Self {
         assert!(

@@ -1,6 +1,6 @@
-//! The tools the tests need beyond Rust: clang/lld 22 (`scripts/toolchain.sh`) and BuildGrid's
-//! `bgd` (`scripts/buildgrid.sh`), each found or installed once per test process by the project's
-//! own script, which prints `NAME=PATH` lines. A failing install fails the test, never skips it.
+//! The tools the tests need beyond Rust: clang/lld 22 (`scripts/toolchain.sh`), the ziglang package
+//! (`scripts/ziglang.sh`) and BuildGrid's `bgd` (`scripts/buildgrid.sh`), each found or installed
+//! once per test process by the project's own script, which prints `NAME=PATH` lines. A failing install fails the test, never skips it.
 //!
 //! `common` includes this module; a test crate that needs only `bgd` includes it alone, hence the
 //! `dead_code` allowance.
@@ -35,6 +35,26 @@ pub fn toolchain() -> &'static Toolchain {
             lld,
             ar,
         }
+    })
+}
+
+/// PyPI's ziglang package (`scripts/ziglang.sh`), whatever clang `toolchain()` found: the Windows
+/// tests need its `lld-link`, `dlltool` and MinGW import-library definitions.
+#[derive(Debug)]
+pub struct Zig {
+    /// The `zig` executable (`zig clang`, `zig lld-link`, `zig ar`, `zig dlltool`).
+    pub zig: PathBuf,
+    /// Its `lib/` directory (`libc/mingw/...`).
+    pub lib: PathBuf,
+}
+
+/// The ziglang package, installed if needed once per test process; panics with the script's
+/// stderr when the install fails.
+pub fn zig() -> &'static Zig {
+    static ZIG: OnceLock<Zig> = OnceLock::new();
+    ZIG.get_or_init(|| {
+        let [zig, lib] = script_paths("scripts/ziglang.sh", ["ZIG", "ZIG_LIB"]);
+        Zig { zig, lib }
     })
 }
 
