@@ -1,5 +1,5 @@
-//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config`, `serve`
-//! and `link` subcommands.
+//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config`, `serve`,
+//! `link` and `explain` subcommands.
 //!
 //! The settings themselves, shared by the commands that take them, are in `settings`.
 
@@ -40,6 +40,16 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run a link with the options that make lld use this distributor added (see `link`).
     Link(LinkArgs),
+    /// Say why the jobs of a link missed the cache, from the --stats-json of an earlier link and of it.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The --stats-json of the earlier link
+    pub old: PathBuf,
+    /// The --stats-json of the link whose misses to explain
+    pub new: PathBuf,
 }
 
 #[derive(Debug, Args)]

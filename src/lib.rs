@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod driver;
 pub mod executor;
+pub mod explain;
 pub mod jobs;
 pub mod link;
 pub mod output;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{config, driver, link, server};
+use dtlto_reapi::{config, driver, explain, link, server};
 
 fn main() -> ExitCode {
     // Invoked as `<driver>-dtlto`: `dtlto-reapi link <driver> ARGS`.
@@ -21,6 +21,9 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Serve(args)) => report(server::run(args)),
         Some(Command::Link(args)) => report(Err(link::exec(&args.driver, &args.args))),
+        Some(Command::Explain(args)) => {
+            report(explain::run(&args.old, &args.new).map(|text| print!("{text}")))
+        }
         Some(Command::Config(args)) => {
             let sub = matches.subcommand().map_or(&matches, |(_, m)| m);
             report(

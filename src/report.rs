@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use crate::jobs::Job;
+use crate::plan::action::ActionParts;
 use crate::plan::layout::LayoutKind;
 use crate::reapi::TransferStats;
 
@@ -66,6 +67,9 @@ pub struct JobRecord {
     /// The cluster's account of the execution, when it ran remotely.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteTimes>,
+    /// What the job's Action is made of, when it had one (`dtlto-reapi explain` compares them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parts: Option<ActionParts>,
 }
 
 /// Times reported by the cluster in ExecutedActionMetadata.
@@ -92,6 +96,7 @@ impl JobRecord {
             action: None,
             layout: None,
             remote: None,
+            parts: None,
         }
     }
 }

@@ -270,6 +270,7 @@ impl Runner {
         };
         record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
         record.layout = Some(spec.layout);
+        record.parts = Some(spec.parts.clone());
         record
     }
 
