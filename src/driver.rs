@@ -16,7 +16,7 @@ use crate::jobs::JobFile;
 use crate::reapi::ReapiError;
 use crate::report::Reporter;
 use crate::settings::{Mode, Settings};
-use crate::trace::Trace;
+use crate::trace::{self, Trace};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
 pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
@@ -66,6 +66,9 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
 
     // Connecting (with its retries) and hashing the inputs can take a while: an interrupt must
     // not wait for them.
+    let connecting = (settings.mode != Mode::Local)
+        .then(|| trace::link_phase(ctx.trace.as_ref(), "connect"))
+        .flatten();
     let connect = ctx
         .cancel
         .run_until_cancelled(RemoteExecutor::connect(&ctx, settings));
@@ -86,6 +89,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
             }
         },
     };
+    drop(connecting);
     let runner = match ctx
         .cancel
         .run_until_cancelled(Runner::new(&ctx, settings, remote))

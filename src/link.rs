@@ -228,11 +228,10 @@ fn compile_only(kind: DriverKind, args: &[OsString]) -> bool {
             "--version",
             "-dumpversion",
             "-dumpmachine",
-            "-###",
             "--help",
         ],
         DriverKind::ClangCl => &["/c", "-c", "/E", "-E", "/P", "-P", "/Zs", "-Zs", "/?"],
-        _ => &["--version", "-v", "/?", "--help"],
+        _ => &["--version", "/?", "--help"],
     };
     args.iter().any(|a| {
         flags.iter().any(|f| a == *f)

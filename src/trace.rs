@@ -1,7 +1,8 @@
 //! `--trace FILE`: where a link's time went, as Chrome trace-event JSON (opens in Perfetto and
 //! `chrome://tracing`).
 //!
-//! Process 1, "dtlto-reapi", has one track per concurrent slot: a job takes the lowest free slot
+//! Process 1, "dtlto-reapi", has a "link" track for what precedes the jobs (connecting to the
+//! cluster, hashing every input) and one track per concurrent slot: a job takes the lowest free slot
 //! when it starts and gives it back when it ends, so the tracks show how busy the link kept its
 //! slots. On its slot a job is one span (named after its module) holding its phases in order:
 //! planning, disk-cache and action-cache lookups, upload, remote execution, download, local compile,
@@ -68,11 +69,14 @@ struct Execution {
     events: Vec<Event>,
 }
 
-/// The job a task is running, for [`phase`].
+/// The track of the link-level phases; slot `n` is track `n + 1`.
+const LINK_TID: usize = 0;
+
+/// The job a task is running (or the link itself), for [`phase`].
 #[derive(Clone)]
 pub struct JobTrack {
     trace: Arc<Trace>,
-    slot: usize,
+    tid: usize,
     module: String,
 }
 
@@ -119,11 +123,12 @@ impl Trace {
         if !state.executions.is_empty() {
             events.push(metadata("process_name", CLUSTER_PID, 0, "cluster"));
         }
+        events.push(metadata("thread_name", CLIENT_PID, LINK_TID, "link"));
         for slot in 0..state.slots.len() {
             events.push(metadata(
                 "thread_name",
                 CLIENT_PID,
-                slot,
+                slot + 1,
                 &format!("slot {slot}"),
             ));
         }
@@ -212,7 +217,7 @@ impl Scope {
         };
         let track = JobTrack {
             trace: trace.clone(),
-            slot,
+            tid: slot + 1,
             module: self.module,
         };
         let args = json!({ "index": self.index });
@@ -237,6 +242,16 @@ pub fn phase(name: &'static str) -> Option<Phase> {
         })
         .ok()
         .flatten()
+}
+
+/// A phase of the link itself (before its jobs run), on the "link" track; nothing without a trace.
+pub fn link_phase(trace: Option<&Arc<Trace>>, name: &'static str) -> Option<Phase> {
+    let track = JobTrack {
+        trace: trace?.clone(),
+        tid: LINK_TID,
+        module: String::new(),
+    };
+    Some(Phase::start(&track, name.to_owned(), "link", Value::Null))
 }
 
 /// What the cluster reported about the current job's execution, placed on the worker's track.
@@ -340,7 +355,7 @@ impl Drop for Phase {
             ts: start,
             dur: end - start,
             pid: CLIENT_PID,
-            tid: self.track.slot,
+            tid: self.track.tid,
             args: std::mem::take(&mut self.args),
         });
     }

@@ -211,6 +211,7 @@ impl Runner {
             let legacy = remote
                 .as_ref()
                 .is_some_and(RemoteExecutor::legacy_output_files);
+            let _phase = trace::link_phase(ctx.trace.as_ref(), "hash inputs");
             let planner = Planner::new(ctx.job_file.clone(), settings, legacy).await?;
             Some(Arc::new(planner))
         } else {
