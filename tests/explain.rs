@@ -1,6 +1,6 @@
 //! `dtlto-reapi explain OLD.json NEW.json` on real pairs of links sharing a disk cache: an edited
 //! source file (the module itself, and its importers' imported module), a changed flag, a changed
-//! compiler, and an unchanged relink, which has nothing to explain.
+//! compiler, a changed platform, and an unchanged relink, which has nothing to explain.
 
 mod common;
 
@@ -96,48 +96,54 @@ fn an_edited_source_is_the_module_itself_and_its_importers_imported_module() {
     );
 }
 
-#[test]
-fn a_changed_flag_is_named() {
+/// Links the same project twice, the second time with `change`, and checks that `explain` gives
+/// every job the cause `cause`.
+fn every_job_missed_for(change: impl FnOnce(common::Link<'_>) -> common::Link<'_>, cause: &str) {
     let cache = cache();
     let project = project(|code| code);
     let old = link(&project, cache.path(), "old/app", |l| l);
-    let new = link(&project, cache.path(), "new/app", |l| {
-        l.compiler_arg("-fno-slp-vectorize")
-    });
+    let new = link(&project, cache.path(), "new/app", change);
     let lines = explain(&old, &new);
     assert_eq!(lines.len(), 5, "every job and the count: {lines:#?}");
     for line in &lines[..4] {
         assert!(
-            line.ends_with(": the flags: added -fno-slp-vectorize"),
-            "{lines:#?}"
+            line.ends_with(&format!(": {cause}")),
+            "{line} gives another cause than {cause}"
         );
     }
     assert_eq!(lines[4], "4 of 4 jobs missed the cache");
 }
 
 #[test]
+fn a_changed_flag_is_named() {
+    every_job_missed_for(
+        |l| l.compiler_arg("-fno-slp-vectorize"),
+        "the flags: added -fno-slp-vectorize",
+    );
+}
+
+#[test]
 fn a_changed_compiler_is_named() {
-    let cache = cache();
-    let project = project(|code| code);
-    let old = link(&project, cache.path(), "old/app", |l| l);
-    let other = project.dir().join("other clang");
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other clang");
     fs::copy(&toolchain().clang, &other).unwrap();
-    let new = link(&project, cache.path(), "new/app", |l| {
-        l.linker_arg(format!("--thinlto-remote-compiler={}", other.display()))
-    });
-    let lines = explain(&old, &new);
-    let expected = format!(
-        ": the compiler: {} before, {} now",
+    let cause = format!(
+        "the compiler: {} before, {} now",
         toolchain().clang.display(),
         other.display()
     );
-    assert_eq!(lines.len(), 5, "{lines:#?}");
-    for line in &lines[..4] {
-        assert!(
-            line.ends_with(&expected),
-            "{line} does not end with {expected}"
-        );
-    }
+    every_job_missed_for(
+        |l| l.linker_arg(format!("--thinlto-remote-compiler={}", other.display())),
+        &cause,
+    );
+}
+
+#[test]
+fn a_changed_platform_is_named() {
+    every_job_missed_for(
+        |l| l.distributor_arg("--platform=pool=large"),
+        "the platform: [] before, [pool=large] now",
+    );
 }
 
 #[test]
