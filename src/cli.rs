@@ -1,8 +1,9 @@
-//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config`, `serve`
-//! and `check` subcommands.
+//! The command line: `dtlto-reapi [OPTIONS] <JOB_FILE>` as lld runs it, plus the `config`, `serve`,
+//! `check`, `link` and `explain` subcommands.
 //!
 //! The settings themselves, shared by the commands that take them, are in `settings`.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -34,12 +35,17 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print the effective settings and where each one came from.
-    Config(ConfigArgs),
+    Config(Box<ConfigArgs>),
     /// Run a small REAPI v2 server (for tests, CI and single machines).
     Serve(ServeArgs),
     /// Check, step by step, that a link with these settings would work on the cluster.
     Check(CheckArgs),
+    /// Run a link with the options that make lld use this distributor added (see `link`).
+    Link(LinkArgs),
+    /// Say why the jobs of a link missed the cache, from the --stats-json of an earlier link and of it.
+    Explain(ExplainArgs),
 }
+
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -49,6 +55,23 @@ pub struct CheckArgs {
     /// on PATH]
     #[arg(long, value_name = "PATH")]
     pub compiler: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The --stats-json of the earlier link
+    pub old: PathBuf,
+    /// The --stats-json of the link whose misses to explain
+    pub new: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct LinkArgs {
+    /// The linker driver: clang, clang++, cc, clang-cl, ld.lld, lld-link, ... (a name on PATH or a path)
+    pub driver: OsString,
+    /// The driver's arguments, passed through untouched
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]

@@ -17,6 +17,7 @@ use crate::output;
 use crate::reapi::ReapiError;
 use crate::report::{Reporter, RunTotals};
 use crate::settings::{Mode, Settings};
+use crate::trace::{self, Trace};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
 pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
@@ -62,6 +63,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         reporter: reporter.clone(),
         cancel: CancellationToken::new(),
         keep_going: settings.keep_going,
+        trace: settings.trace.is_some().then(Trace::new),
     };
     let signalled = Arc::new(AtomicI32::new(0));
     let watcher = match watch_signals(ctx.cancel.clone(), signalled.clone()) {
@@ -74,6 +76,9 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
 
     // Connecting (with its retries) and hashing the inputs can take a while: an interrupt must
     // not wait for them.
+    let connecting = (settings.mode != Mode::Local)
+        .then(|| trace::link_phase(ctx.trace.as_ref(), "connect"))
+        .flatten();
     let connect = ctx
         .cancel
         .run_until_cancelled(RemoteExecutor::connect(&ctx, settings));
@@ -95,6 +100,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
             }
         },
     };
+    drop(connecting);
     let runner = match ctx
         .cancel
         .run_until_cancelled(Runner::new(&ctx, settings, remote))
@@ -131,6 +137,13 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     if let Err(e) = reporter.finish(&job_file.path, &totals, stats_json) {
         reporter.error(&format!("cannot write --stats-json: {e}"));
         return ExitCode::FAILURE;
+    }
+    if let (Some(trace), Some(path)) = (&ctx.trace, &settings.trace) {
+        let path = crate::report::per_link_file(path, &job_file.path, "trace");
+        if let Err(e) = trace.write(&path) {
+            reporter.error(&format!("cannot write --trace {}: {e}", path.display()));
+            return ExitCode::FAILURE;
+        }
     }
     match signalled.load(Ordering::Relaxed) {
         0 if succeeded => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@
 //! The modules follow the data flow: `jobs` (parse lld's job file) → `plan` (how each job is presented
 //! to what runs it) → `executor` (run it: local, remote, cache-only) → `output` (verify and place what
 //! lld reads), driven by `driver`, with `config` and `report` shared by every mode, `reapi` the protocol
-//! client and `server` the test server.
+//! client, `server` the test server and `link` the linker wrapper that puts the distributor into a link.
 
 pub mod bitcode;
 pub mod cache;
@@ -13,7 +13,9 @@ pub mod cli;
 pub mod config;
 pub mod driver;
 pub mod executor;
+pub mod explain;
 pub mod jobs;
+pub mod link;
 pub mod logging;
 pub mod output;
 pub mod plan;
@@ -21,3 +23,4 @@ pub mod reapi;
 pub mod report;
 pub mod server;
 pub mod settings;
+pub mod trace;

@@ -4,9 +4,15 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{check, config, driver, logging, server};
+use dtlto_reapi::{check, config, driver, explain, link, logging, server};
 
 fn main() -> ExitCode {
+    // Invoked as `<driver>-dtlto`: `dtlto-reapi link <driver> ARGS`.
+    let mut argv = std::env::args_os();
+    if let Some(driver) = argv.next().as_deref().and_then(link::wrapped_driver) {
+        let args: Vec<_> = argv.collect();
+        return report(Err(link::exec(&driver, &args)));
+    }
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
@@ -16,6 +22,10 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => {
             logging::init(false);
             report(server::run(args))
+        }
+        Some(Command::Link(args)) => report(Err(link::exec(&args.driver, &args.args))),
+        Some(Command::Explain(args)) => {
+            report(explain::run(&args.old, &args.new).map(|text| print!("{text}")))
         }
         Some(Command::Config(args)) => {
             let sub = matches.subcommand().map_or(&matches, |(_, m)| m);

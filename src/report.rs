@@ -14,6 +14,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use crate::jobs::Job;
+use crate::plan::action::ActionParts;
 use crate::plan::layout::LayoutKind;
 use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::TransferStats;
@@ -67,6 +68,9 @@ pub struct JobRecord {
     /// The cluster's account of the execution, when it ran remotely.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteTimes>,
+    /// What the job's Action is made of, when it had one (`dtlto-reapi explain` compares them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parts: Option<ActionParts>,
 }
 
 /// Times reported by the cluster in ExecutedActionMetadata.
@@ -93,6 +97,7 @@ impl JobRecord {
             action: None,
             layout: None,
             remote: None,
+            parts: None,
         }
     }
 }
@@ -271,10 +276,22 @@ impl Reporter {
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
             json.push(b'\n');
-            crate::output::write_atomically(path, &json)?;
+            crate::output::write_atomically(&per_link_file(path, job_file, "stats"), &json)?;
         }
         Ok(())
     }
+}
+
+/// Where a per-link file (`--stats-json PATH`, `--trace PATH`) goes: PATH itself, or, when PATH is a
+/// directory (a build runs many links), a file in it named after the job file:
+/// `app.1234.dist-file.json` → `app.1234.<kind>.json`.
+pub fn per_link_file(path: &Path, job_file: &Path, kind: &str) -> PathBuf {
+    if !path.is_dir() {
+        return path.to_owned();
+    }
+    let name = job_file.file_name().unwrap_or_default().to_string_lossy();
+    let stem = name.strip_suffix(".dist-file.json").unwrap_or(&name);
+    path.join(format!("{stem}.{kind}.json"))
 }
 
 /// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`,
@@ -351,6 +368,18 @@ fn megabytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_json_in_a_directory_is_named_after_the_job_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let job_file = Path::new("out/lib text.so.4321.dist-file.json");
+        assert_eq!(
+            per_link_file(dir.path(), job_file, "stats"),
+            dir.path().join("lib text.so.4321.stats.json")
+        );
+        let file = dir.path().join("stats.json");
+        assert_eq!(per_link_file(&file, job_file, "trace"), file);
+    }
 
     #[test]
     fn summary_counts() {

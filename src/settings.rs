@@ -50,6 +50,7 @@ pub struct Settings {
     pub quiet: bool,
     pub verbose: bool,
     pub stats_json: Option<PathBuf>,
+    pub trace: Option<PathBuf>,
     pub remote: Option<String>,
     pub instance_name: String,
     pub remote_header: Vec<String>,
@@ -92,6 +93,7 @@ impl Settings {
             quiet: layers.quiet.unwrap_or(false),
             verbose: layers.verbose.unwrap_or(false),
             stats_json: layers.stats_json,
+            trace: layers.trace,
             remote: layers.remote,
             instance_name: layers.instance_name.unwrap_or_default(),
             remote_header: layers.remote_header.unwrap_or_default(),
@@ -182,10 +184,18 @@ pub struct SettingsArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verbose: Option<bool>,
 
-    /// Write one JSON record per job (module, outputs, times, exit status, where it ran) to FILE
+    /// Write one JSON record per job (module, outputs, times, exit status, where it ran) to FILE; when
+    /// FILE is a directory, to <link output>.<PID>.stats.json in it (one file per link of a build)
     #[arg(long, env = "DTLTO_REAPI_STATS_JSON", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats_json: Option<PathBuf>,
+
+    /// Write a Chrome trace-event JSON of the link (Perfetto, chrome://tracing) to FILE: one track
+    /// per concurrent slot, a span per job phase; when FILE is a directory, to
+    /// <link output>.<PID>.trace.json in it
+    #[arg(long, env = "DTLTO_REAPI_TRACE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<PathBuf>,
 
     /// REAPI server: grpc://HOST:PORT, grpcs://HOST:PORT (TLS) or unix:///PATH
     #[arg(long, env = "DTLTO_REAPI_REMOTE", value_name = "URL")]

@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::tools::zig;
-use common::{Linked, Project, Server, Stats, distributor, ran_only, run, run_ok};
+use common::{
+    Linked, Project, Server, Stats, Wrappers, distributor, ran_only, run, run_ok, stats_in,
+};
 use tempfile::TempDir;
 
 /// The target of every compile (clang adds the MSVC version itself).
@@ -218,18 +220,8 @@ fn lld_link(project: &Project, output: &str, distributor_args: &[&str]) -> Linke
 /// `-fthinlto-distributor=` for an MSVC target: lld-link's options go through `-Wl,` (as the README
 /// says). `-fuse-ld=lld` runs `lld-link` from PATH: here a wrapper around `zig lld-link`.
 fn clang_driver_link(project: &Project, output: &str) -> Linked {
-    let bin = project.dir().join("bin");
-    let wrapper = bin.join("lld-link");
-    let script = format!(
-        "#!/bin/sh\nexec '{}' lld-link \"$@\"\n",
-        zig().zig.display()
-    );
-    common::write(&wrapper, script.as_bytes());
-    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod lld-link");
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))
-        .expect("PATH");
-
+    let path = path_with_lld_link(project, &path);
     let (output_path, stats) = output_paths(project, output);
     let mut cmd = zig_command(project, "clang");
     cmd.env("PATH", path)
@@ -244,6 +236,20 @@ fn clang_driver_link(project: &Project, output: &str) -> Linked {
     }
     let out = run(&mut cmd);
     Linked::from_run(&cmd, out, output_path, Some(stats))
+}
+
+/// `path` with a directory in front holding `lld-link`, a wrapper around `zig lld-link` (what the
+/// clang driver's `-fuse-ld=lld` runs for an MSVC target).
+fn path_with_lld_link(project: &Project, path: &std::ffi::OsStr) -> OsString {
+    let bin = project.dir().join("bin");
+    let wrapper = bin.join("lld-link");
+    let script = format!(
+        "#!/bin/sh\nexec '{}' lld-link \"$@\"\n",
+        zig().zig.display()
+    );
+    common::write(&wrapper, script.as_bytes());
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).expect("chmod lld-link");
+    std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(path))).expect("PATH")
 }
 
 /// Wine with a fresh prefix of its own (its first start takes a few seconds), removed with it.
@@ -411,4 +417,50 @@ fn remote_objects_equal_local_ones_and_a_copy_elsewhere_relinks_from_the_action_
         relinked.native_object_contents(),
         local.native_object_contents()
     );
+}
+
+#[test]
+fn the_link_wrapper_gives_lld_link_and_an_msvc_target_clang_their_options() {
+    let wine = Wine::new();
+    let project = windows_project();
+    let wrappers = Wrappers::new(&["lld-link"]);
+    let path = path_with_lld_link(&project, &wrappers.path());
+    let entry = ["/nodefaultlib", "/entry:main", "/subsystem:console"];
+
+    // lld-link-dtlto: lld-link itself, with /thinlto-distributor: and the clang on PATH added.
+    let mut lld_link = Command::new("lld-link-dtlto");
+    lld_link
+        .arg("/out:lld-link/app.exe")
+        .args(project.inputs())
+        .args([KERNEL32])
+        .args(entry);
+    // dtlto-reapi link clang --target=…-msvc: the options through -Xlinker, since clang would drop
+    // -fthinlto-distributor= without a word.
+    let mut clang = Command::new(distributor());
+    clang
+        .arg("link")
+        .arg(&common::toolchain().clang)
+        .args([TARGET, "-flto=thin", "-fuse-ld=lld", "-nostdlib"])
+        .args(project.inputs())
+        .args([KERNEL32, "-o", "clang/app.exe"])
+        .args(entry.map(|option| format!("-Wl,{option}")));
+    for (name, mut cmd) in [("lld-link", lld_link), ("clang", clang)] {
+        let (output, _) = output_paths(&project, &format!("{name}/app.exe"));
+        let stats = project.dir().join(format!("{name} stats"));
+        fs::create_dir_all(&stats).expect("stats directory");
+        cmd.current_dir(project.dir())
+            .env("PATH", &path)
+            .env("DTLTO_REAPI_STATS_JSON", &stats);
+        let out = run(&mut cmd);
+        let linked = Linked::from_run(&cmd, out, output, None);
+        assert_eq!(wine.run_program(&linked), expected_output(), "{name}");
+        let links = stats_in(&stats);
+        assert_eq!(links.len(), 1, "{name}: one DTLTO link");
+        assert_eq!(
+            links[0].ran(),
+            ran_only("local", JOBS),
+            "{name}: {}",
+            links[0]
+        );
+    }
 }

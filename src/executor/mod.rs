@@ -28,6 +28,7 @@ use crate::plan::planner::Planner;
 use crate::reapi::{self, Digest, TransferStats};
 use crate::report::{JobRecord, Ran, Reporter, Status, ToolchainReport};
 use crate::settings::Settings;
+use crate::trace::{self, Trace};
 use remote::RemoteExecutor;
 
 /// What every job of a run shares; cheap to clone (every job's task holds one).
@@ -38,6 +39,8 @@ pub struct RunContext {
     /// Cancelled on SIGINT/SIGTERM, and on the first failure unless `keep_going`.
     pub cancel: CancellationToken,
     pub keep_going: bool,
+    /// `--trace`: the spans of every job's phases.
+    pub trace: Option<Arc<Trace>>,
 }
 
 /// Runs `run_one` for every job, at most `concurrency` at once, biggest module first (the longest
@@ -86,7 +89,7 @@ where
             finish(Ok(record));
             continue;
         }
-        let run = run_one(job);
+        let run = trace::Scope::of(ctx.trace.as_ref(), &job).run(run_one(job));
         let (cancel, keep_going) = (ctx.cancel.clone(), ctx.keep_going);
         tasks.spawn(async move {
             let record = run.await;
@@ -139,6 +142,7 @@ impl LocalRunner {
             return (record, Vec::new());
         };
         let started = Instant::now();
+        let _phase = trace::phase("local compile");
         ctx.reporter.verbose(|| {
             format!(
                 "{}: running locally: {}",
@@ -206,6 +210,7 @@ impl Runner {
             let legacy = remote
                 .as_ref()
                 .is_some_and(RemoteExecutor::legacy_output_files);
+            let _phase = trace::link_phase(ctx.trace.as_ref(), "hash inputs");
             let planner = Planner::new(ctx.job_file.clone(), settings, legacy).await?;
             announce_toolchain(ctx, settings, &planner);
             Some(Arc::new(planner))
@@ -286,6 +291,7 @@ impl Runner {
         };
         record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
         record.layout = Some(spec.layout);
+        record.parts = Some(spec.parts.clone());
         record
     }
 
@@ -294,6 +300,7 @@ impl Runner {
     /// results by Actions.
     async fn plan(&self, ctx: &RunContext, job: &Job) -> Option<ActionSpec> {
         let planner = self.planner.clone()?;
+        let _phase = trace::phase("plan");
         let (ctx, job) = (ctx.clone(), job.clone());
         let planned = tokio::task::spawn_blocking(move || {
             let warn_once = |cause: &'static str, text: &str| ctx.reporter.warn_once(cause, text);
@@ -321,6 +328,7 @@ impl Runner {
         started: Instant,
     ) -> Option<JobRecord> {
         let disk = self.disk.clone()?;
+        let _phase = trace::phase("disk-cache lookup");
         let (ctx, job, spec) = (ctx.clone(), job.clone(), spec.clone());
         let hit = tokio::task::spawn_blocking(move || {
             let result = disk.get_action_result(&spec.action_digest).ok()??;
@@ -350,6 +358,7 @@ impl Runner {
         let Some(disk) = self.disk.clone() else {
             return;
         };
+        let _phase = trace::phase("disk-cache store");
         let spec = spec.clone();
         let dir = disk.dir().to_owned();
         let stored = tokio::task::spawn_blocking(move || -> std::io::Result<()> {

@@ -29,6 +29,7 @@ use crate::reapi::{
 };
 use crate::report::{JobRecord, Ran, RemoteTimes, Status};
 use crate::settings::{Compression, Mode, Settings};
+use crate::trace;
 
 /// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {
@@ -249,6 +250,7 @@ impl RemoteExecutor {
                     "infrastructure",
                     &format!("remote execution failed ({reason}); falling back to local compiles"),
                 );
+                let _phase = trace::phase("fallback");
                 return local.run(ctx, job).await;
             }
             Err(RemoteFailure::Infrastructure(reason) | RemoteFailure::Other(reason)) => {
@@ -309,11 +311,13 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Option<Vec<u8>> {
-        match self
+        let lookup = trace::phase("action-cache lookup");
+        let found = self
             .client
             .get_action_result(&spec.action_digest, &output_names(spec), call)
-            .await
-        {
+            .await;
+        drop(lookup);
+        match found {
             Ok(Some(result)) if result.exit_code == 0 => {
                 self.materialize(job, spec, &result, call).await.ok()?;
                 Some(self.stderr_of(&result, call).await)
@@ -336,6 +340,7 @@ impl RemoteExecutor {
         output: &[u8],
         call: &CallContext,
     ) -> Result<(), ReapiError> {
+        let _phase = trace::phase("upload");
         let mut blobs = Vec::new();
         let mut outputs = Vec::new();
         for (name, local) in &spec.outputs {
@@ -363,10 +368,13 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Result<(Ran, ActionResult), RemoteFailure> {
-        if let Some(result) = self
+        let lookup = trace::phase("action-cache lookup");
+        let cached = self
             .client
             .get_action_result(&spec.action_digest, &output_names(spec), call)
-            .await?
+            .await?;
+        drop(lookup);
+        if let Some(result) = cached
             && result.exit_code == 0
         {
             // A cached result whose blobs have expired is as good as a miss.
@@ -374,8 +382,11 @@ impl RemoteExecutor {
                 return Ok((Ran::ActionCache, result));
             }
         }
+        let upload = trace::phase("upload");
         self.upload_toolchain(spec, call).await?;
         self.uploads.ensure(&self.client, &spec.blobs, call).await?;
+        drop(upload);
+        let execution = trace::phase("remote execution");
         let response = match self.client.execute(&spec.action_digest, false, call).await {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked (the toolchain's too, maybe): send them
@@ -395,6 +406,7 @@ impl RemoteExecutor {
             }
             other => other.map_err(not_executed)?,
         };
+        drop(execution);
         let Some(result) = response.result else {
             return Err(RemoteFailure::Other(
                 "the server's ExecuteResponse has no result".to_owned(),
@@ -416,12 +428,15 @@ impl RemoteExecutor {
                 stderr,
             });
         }
-        self.materialize(job, spec, &result, call).await?;
         let ran = if response.cached_result {
             Ran::ActionCache
         } else {
+            if let Some(meta) = &result.execution_metadata {
+                trace::remote_execution(meta);
+            }
             Ran::Remote
         };
+        self.materialize(job, spec, &result, call).await?;
         Ok((ran, result))
     }
 
@@ -474,6 +489,7 @@ impl RemoteExecutor {
         result: &ActionResult,
         call: &CallContext,
     ) -> Result<(), RemoteFailure> {
+        let _phase = trace::phase("download");
         let staged = StagedOutputs::new(job).map_err(|e| RemoteFailure::Other(e.to_string()))?;
         for file in &result.output_files {
             let Some((_, local)) = spec.outputs.iter().find(|(name, _)| *name == file.path) else {

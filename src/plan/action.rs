@@ -5,16 +5,17 @@
 //! user's), sorted platform properties, the input root's digest. So the same module with the same
 //! imports, flags and compiler gives the same digest on every link and every machine.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     Action, Command, Platform, command, platform,
 };
+use serde::{Deserialize, Serialize};
 
 use super::args::rewrite_args;
 use super::digests::FileDigests;
-use super::layout::{Layout, LayoutKind};
+use super::layout::{Layout, LayoutKind, SHARD_NAME};
 use super::merkle::{TreeFile, build_tree};
 use super::toolchain::{Toolchain, ToolchainIdentity, ToolchainMode};
 use crate::jobs::{Job, JobFile};
@@ -53,6 +54,8 @@ pub struct ActionSpec {
     pub toolchain: ToolchainIdentity,
     /// Upload mode: the toolchain's files (not in `blobs`), the same for every job of the link.
     pub toolchain_blobs: Arc<[Blob]>,
+    /// What the Action digest is made of, for `dtlto-reapi explain`.
+    pub parts: ActionParts,
 }
 
 /// The environment of every remote command.
@@ -77,6 +80,36 @@ pub fn platform(properties: &[(String, String)]) -> Option<Platform> {
         .collect();
     properties.sort_by(|a, b| (&a.name, &a.value).cmp(&(&b.name, &b.value)));
     (!properties.is_empty()).then_some(Platform { properties })
+}
+
+/// The parts of a job's Action, each by digest (`hash/size`) or value, as `--stats-json` records
+/// them: two links' records say which part made a job miss.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionParts {
+    /// The Command message.
+    pub command: String,
+    /// The input root Directory.
+    pub input_root: String,
+    /// The compiler's identity: the digest of its content (and of what it needs to run), the
+    /// same at any path.
+    pub compiler: String,
+    /// The flags every backend compile of the link shares (`common.args` after the compiler).
+    pub flags: Vec<String>,
+    /// The platform properties, `NAME=VALUE`, sorted.
+    pub platform: Vec<String>,
+    /// The module itself.
+    pub module: InputPart,
+    /// Its index shard, as the action sees it (rewritten, in the canonical layout).
+    pub index_shard: InputPart,
+    /// The modules it imports from.
+    pub imports: Vec<InputPart>,
+}
+
+/// One input file of an Action: its path in the link and the digest of its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputPart {
+    pub path: PathBuf,
+    pub digest: String,
 }
 
 /// Builds the Action of `job` in `layout`.
@@ -105,8 +138,12 @@ pub fn build(
             source: BlobSource::File(local.clone()),
         });
     }
+    let mut rewritten_shard = None;
     for (path, bytes) in &layout.generated {
         let digest = digest::of_bytes(bytes);
+        if path == SHARD_NAME {
+            rewritten_shard = Some(digest.clone());
+        }
         tree_entries.push((
             path.clone(),
             TreeFile {
@@ -183,6 +220,35 @@ pub fn build(
         ..Default::default()
     };
     let (action_digest, action_bytes) = digest::of_message(&action);
+    let input = |path: &Path, digest: Option<&Digest>| InputPart {
+        path: path.to_owned(),
+        digest: digest.map_or_else(String::new, |d| digest::display(d).to_string()),
+    };
+    let digest_of = |path: &Path| digests.get(path).map(|info| &info.digest);
+    let parts = ActionParts {
+        command: digest::display(&command_digest).to_string(),
+        input_root: digest::display(&tree.root_digest).to_string(),
+        compiler: digest::display(&toolchain.identity.digest).to_string(),
+        flags: job_file.common_args.iter().skip(1).cloned().collect(),
+        platform: action
+            .platform
+            .iter()
+            .flat_map(|p| &p.properties)
+            .map(|p| format!("{}={}", p.name, p.value))
+            .collect(),
+        module: input(job.module(), digest_of(job.module())),
+        index_shard: input(
+            job.index_shard(),
+            rewritten_shard
+                .as_ref()
+                .or_else(|| digest_of(job.index_shard())),
+        ),
+        imports: job
+            .imports()
+            .iter()
+            .map(|import| input(import, digest_of(import)))
+            .collect(),
+    };
 
     blobs.extend(tree.directories.into_iter().map(|(digest, bytes)| Blob {
         digest,
@@ -203,6 +269,7 @@ pub fn build(
         layout: layout.kind,
         toolchain: toolchain.identity.clone(),
         toolchain_blobs: options.toolchain_blobs.clone(),
+        parts,
     })
 }
 

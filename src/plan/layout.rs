@@ -224,7 +224,7 @@ pub fn canonical(
 }
 
 /// The fixed name of the index shard, relative to the working directory.
-const SHARD_NAME: &str = ".dtlto-reapi/index.thinlto.bc";
+pub(crate) const SHARD_NAME: &str = ".dtlto-reapi/index.thinlto.bc";
 
 impl Layout {
     fn new(kind: LayoutKind, working_directory: String) -> Layout {

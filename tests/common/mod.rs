@@ -547,6 +547,58 @@ impl fmt::Display for Stats {
     }
 }
 
+/// The `--stats-json` files of every link of a build, written into `dir` (one per link, sorted
+/// by name).
+pub fn stats_in(dir: &Path) -> Vec<Stats> {
+    let entries =
+        fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    let mut paths: Vec<PathBuf> = entries
+        .map(|entry| {
+            entry
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .path()
+        })
+        .filter(|p| p.to_string_lossy().ends_with(".stats.json"))
+        .collect();
+    paths.sort();
+    paths.iter().map(|p| Stats::read(p)).collect()
+}
+
+/// A directory of `<driver>-dtlto` symlinks to the built `dtlto-reapi` (`dtlto-reapi link <driver>`
+/// under another name) and of `dtlto-reapi` itself, and the PATH that finds them first, then the
+/// toolchain, then the test's PATH.
+pub struct Wrappers {
+    dir: TempDir,
+}
+
+impl Wrappers {
+    /// Symlinks `<name>-dtlto` for each of `drivers`, and `dtlto-reapi` itself.
+    pub fn new(drivers: &[&str]) -> Wrappers {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a directory: {e}"));
+        let names = drivers.iter().map(|d| format!("{d}-dtlto"));
+        for name in names.chain(["dtlto-reapi".to_owned()]) {
+            let link = dir.path().join(name);
+            std::os::unix::fs::symlink(distributor(), &link)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", link.display()));
+        }
+        Wrappers { dir }
+    }
+
+    /// The directory of the wrappers.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// PATH with the wrappers first and the toolchain's `clang`, `ld.lld` and `llvm-ar` next.
+    pub fn path(&self) -> OsString {
+        let mut dirs = vec![self.dir.path().to_owned(), toolchain().bin.clone()];
+        dirs.extend(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        ));
+        std::env::join_paths(dirs).unwrap_or_else(|e| panic!("cannot build PATH: {e}"))
+    }
+}
+
 /// What [`Stats::ran`] says when all `jobs` jobs ran in `place`.
 pub fn ran_only(place: &str, jobs: usize) -> BTreeMap<String, usize> {
     BTreeMap::from([(place.to_owned(), jobs)])
