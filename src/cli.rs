@@ -46,7 +46,6 @@ pub enum Command {
     Explain(ExplainArgs),
 }
 
-
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     #[command(flatten)]

@@ -221,15 +221,19 @@ impl ByteStream for ByteStreamService {
             })
             .collect();
         let context = self.context.clone();
-        let paced = self.context.hostile.read_stream(chunks).then(move |response| {
-            let context = context.clone();
-            async move {
-                if let Ok(r) = &response {
-                    context.throttle.send(r.data.len()).await;
+        let paced = self
+            .context
+            .hostile
+            .read_stream(chunks)
+            .then(move |response| {
+                let context = context.clone();
+                async move {
+                    if let Ok(r) = &response {
+                        context.throttle.send(r.data.len()).await;
+                    }
+                    response
                 }
-                response
-            }
-        });
+            });
         Ok(Response::new(paced.boxed()))
     }
 
