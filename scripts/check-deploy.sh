@@ -4,8 +4,7 @@
 #     passes `sh -n`;
 #   - every dtlto-reapi option named in deploy/ (after a `dtlto-reapi [serve|check|config]` command
 #     word, in `-Xthinlto-distributor=`, in an inline code span of options, as a DTLTO_REAPI_*
-#     variable, or as a key of a dtlto-reapi TOML file) is one the built binary has; options listed
-#     in deploy/coming-options.txt are accepted until they land, and reported;
+#     variable, or as a key of a dtlto-reapi TOML file) is one the built binary has;
 #   - every port a README names is one the configuration files of its recipe use;
 #   - the BuildBuddy credential helper answers `get` with valid JSON, and fails without a key.
 # Each problem is one line `check-deploy: FILE: problem`; the exit status is 1 if there was any.
@@ -75,56 +74,17 @@ def help_options(text):
     return opts
 
 
-def help_commands(text):
-    cmds, inside = set(), False
-    for line in text.splitlines():
-        if line.startswith("Commands:"):
-            inside = True
-        elif inside and re.match(r"^\s{2}([a-z][a-z-]*)\s", line):
-            cmds.add(line.split()[0])
-        elif inside and line.strip() == "":
-            inside = False
-    return cmds
-
-
 main_help = run_help()
-commands = help_commands(main_help)
 known = {"link": help_options(main_help)}
 known["config"] = known["link"]
-known["serve"] = help_options(run_help("serve")) if "serve" in commands else set()
-# `check` takes the options of a link; its own --help is the authority once it exists.
-known["check"] = help_options(run_help("check")) if "check" in commands else set(known["link"])
-
-coming = {"link": set(), "check": set(), "serve": set()}
-coming_commands = set()
-coming_file = DEPLOY / "coming-options.txt"
-for n, line in enumerate(coming_file.read_text().splitlines(), 1):
-    line = line.split("#", 1)[0].strip()
-    if not line:
-        continue
-    parts = line.split()
-    if len(parts) != 2 or (parts[0] not in coming and parts[0] != "command"):
-        problem(coming_file, f"line {n}: expected 'SCOPE --option' or 'command NAME', got {line!r}")
-    elif parts[0] == "command":
-        coming_commands.add(parts[1])
-    else:
-        coming[parts[0]].add(parts[1])
-coming["check"] |= coming["link"]
-coming["config"] = coming["link"]
-
-used_coming = {}  # (scope, option) -> set of files
+known["serve"] = help_options(run_help("serve"))
+known["check"] = help_options(run_help("check"))
 
 
 def check_option(path, scope, opt):
-    if scope == "check" and "check" not in commands and "check" not in coming_commands:
-        problem(path, "names the `dtlto-reapi check` command, which the binary does not have")
-        return
     if opt in ("--help", "-h", "--version", "-V"):
         return
     if opt in known[scope]:
-        return
-    if opt in coming[scope]:
-        used_coming.setdefault((scope, opt), set()).add(str(path))
         return
     where = "dtlto-reapi" if scope == "link" else f"dtlto-reapi {scope}"
     problem(path, f"{opt} is not an option of {where}")
@@ -234,7 +194,7 @@ for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
             if not os.access(path, os.X_OK):
                 problem(path, "shell script is not executable")
             scan_text(path, text)
-        elif path != coming_file:
+        else:
             problem(path, f"unexpected file type {suffix or '(none)'}: teach scripts/check-deploy.sh to check it")
             continue
         count(suffix)
@@ -332,21 +292,6 @@ if helper.exists():
             problem(helper, "`get` without a key must fail with a message on stderr and nothing on stdout")
 
 # ---------------------------------------------------------------------------------------------
-
-for (scope, opt), files in sorted(used_coming.items()):
-    where = "dtlto-reapi" if scope == "link" else f"dtlto-reapi {scope}"
-    print(f"check-deploy: accepted as coming (deploy/coming-options.txt), not yet in {where} --help: "
-          f"{opt} ({', '.join(sorted(files))})")
-for scope in ("link", "check", "serve"):
-    for opt in sorted(coming[scope] & known.get(scope, set())):
-        if scope == "check" and opt in coming["link"] and "check" not in commands:
-            continue
-        print(f"check-deploy: {opt} has landed in dtlto-reapi ({scope}): remove it from deploy/coming-options.txt")
-for cmd in sorted(coming_commands):
-    if cmd in commands:
-        print(f"check-deploy: `dtlto-reapi {cmd}` has landed: remove it from deploy/coming-options.txt")
-    else:
-        print(f"check-deploy: accepted as coming (deploy/coming-options.txt): the `dtlto-reapi {cmd}` command")
 
 for line in problems:
     print(line, file=sys.stderr)
