@@ -12,9 +12,12 @@ use std::time::{Duration, Instant};
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use tonic::Code;
 
+use crate::cache::DigestCache;
 use crate::executor::remote::{connection_options, remote_times};
 use crate::plan::action::{environment, platform};
+use crate::plan::merkle::{TreeFile, build_tree};
 use crate::plan::planner::platform_properties;
+use crate::plan::toolchain::{ModeRequest, Toolchain, ToolchainMode};
 use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError};
 use crate::settings::{Mode, Settings};
 
@@ -63,11 +66,11 @@ fn millis(d: Duration) -> String {
 }
 
 /// Runs every check and returns the exit status: success only if a link would work.
-pub fn run(settings: &Settings, compiler: Option<&Path>) -> ExitCode {
+pub fn run(settings: &Settings, compiler: Option<&Path>, prepend: &[String]) -> ExitCode {
     let Some(runtime) = crate::driver::runtime() else {
         return ExitCode::FAILURE;
     };
-    if runtime.block_on(check(settings, compiler)) {
+    if runtime.block_on(check(settings, compiler, prepend)) {
         println!("dtlto-reapi check: a link with these settings would work");
         ExitCode::SUCCESS
     } else {
@@ -76,7 +79,7 @@ pub fn run(settings: &Settings, compiler: Option<&Path>) -> ExitCode {
     }
 }
 
-async fn check(settings: &Settings, compiler: Option<&Path>) -> bool {
+async fn check(settings: &Settings, compiler: Option<&Path>, prepend: &[String]) -> bool {
     let mode = serde_json::to_value(settings.mode)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -131,7 +134,7 @@ async fn check(settings: &Settings, compiler: Option<&Path>) -> bool {
         && (settings.mode != Mode::Remote
             || step(
                 "remote execution",
-                execution(&client, settings, compiler, &ctx),
+                execution(&client, settings, compiler, prepend, &ctx),
             )
             .await
             .is_some())
@@ -332,30 +335,99 @@ async fn action_cache(client: &Client, ctx: &CallContext) -> Step<()> {
     Ok(((), detail.to_string()))
 }
 
-/// Runs `COMPILER --version` on a worker, as a link's actions would run the compiler.
+/// The compiler a check runs, and how it gets to the worker.
+struct CheckedCompiler {
+    /// As the user named it.
+    shown: String,
+    /// What the action runs before `--version`.
+    arguments: Vec<String>,
+    /// Upload mode: the toolchain, for the input root and the uploads.
+    uploaded: Option<Toolchain>,
+    /// Why upload mode was wanted but is impossible, if so.
+    why_not_uploaded: Option<String>,
+}
+
+/// The compiler to try: `--compiler`, else `--remote-compiler`, else clang on PATH; uploaded with
+/// the action as a link would upload it (unless `--remote-compiler` or `--toolchain=worker` say the
+/// workers have it).
+async fn checked_compiler(
+    settings: &Settings,
+    compiler: Option<&Path>,
+    prepend: &[String],
+) -> Result<CheckedCompiler, Failure> {
+    let Some(path) = compiler
+        .map(Path::to_path_buf)
+        .or_else(|| settings.remote_compiler.as_ref().map(PathBuf::from))
+        .or_else(|| on_path("clang"))
+    else {
+        return Err(Failure::new(
+            "no compiler to try: none given and no clang on PATH",
+            "give --compiler=PATH (the compiler a link uses; with --remote-compiler or \
+             --toolchain=worker, its path on the workers)",
+        ));
+    };
+    let path_text = path.to_string_lossy().into_owned();
+    // As the user would type it: `zig clang`.
+    let shown = std::iter::once(path_text.clone())
+        .chain(prepend.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let worker_mode = |why_not_uploaded| CheckedCompiler {
+        shown: shown.clone(),
+        arguments: std::iter::once(path_text.clone())
+            .chain(prepend.iter().cloned())
+            .collect(),
+        uploaded: None,
+        why_not_uploaded,
+    };
+    if settings.remote_compiler.is_some() || settings.toolchain == Some(ToolchainMode::Worker) {
+        return Ok(worker_mode(None));
+    }
+    let request = ModeRequest {
+        toolchain: settings.toolchain,
+        remote_compiler: None,
+    };
+    let args = vec![path_text.clone()];
+    let resolved = tokio::task::spawn_blocking(move || {
+        let digests = DigestCache::open(DigestCache::default_file());
+        let resolved = Toolchain::resolve(&args, request, &digests);
+        // Losing the cache only costs hashing the compiler again next time.
+        let _ = digests.save();
+        resolved
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match resolved {
+        Err(e) => Err(Failure::new(
+            format!("the compiler {path_text}: {e}"),
+            "give --compiler the compiler a link uses",
+        )),
+        Ok((toolchain, why_not)) if toolchain.identity.mode == ToolchainMode::Upload => {
+            Ok(CheckedCompiler {
+                arguments: toolchain.launch().iter().chain(prepend).cloned().collect(),
+                shown,
+                uploaded: Some(toolchain),
+                why_not_uploaded: why_not,
+            })
+        }
+        Ok((_, why_not)) => Ok(worker_mode(why_not)),
+    }
+}
+
+/// Runs `COMPILER --version` on a worker, as a link's actions would run the compiler: uploaded
+/// with the action (upload mode) or at its path on the worker (worker mode).
 async fn execution(
     client: &Client,
     settings: &Settings,
     compiler: Option<&Path>,
+    prepend: &[String],
     ctx: &CallContext,
 ) -> Step<()> {
-    let compiler = match compiler
-        .map(Path::to_path_buf)
-        .or_else(|| settings.remote_compiler.as_ref().map(PathBuf::from))
-        .or_else(|| on_path("clang"))
-    {
-        Some(path) => path.to_string_lossy().into_owned(),
-        None => {
-            return Err(Failure::new(
-                "no compiler to try: none given and no clang on PATH",
-                "give --compiler=PATH, the compiler's path on the workers (or set \
-                 --remote-compiler)",
-            ));
-        }
-    };
+    let compiler = checked_compiler(settings, compiler, prepend).await?;
     let properties = platform_properties(settings)
         .map_err(|e| Failure::new(format!("{e:#}"), "fix --platform"))?;
-    let (action, blobs) = version_action(&compiler, &properties);
+    let (action, blobs) = version_action(&compiler, &properties)
+        .map_err(|e| Failure::new(format!("building the action: {e}"), "report this as a bug"))?;
     let unexpected = |e: ReapiError| {
         let advice = match e.code() {
             Some(Code::FailedPrecondition | Code::InvalidArgument | Code::Unavailable) => {
@@ -369,28 +441,41 @@ async fn execution(
         };
         Failure::new(e, advice)
     };
+    let uploading = Instant::now();
     client
         .upload_missing(blobs, ctx)
         .await
         .map_err(unexpected)?;
+    let uploaded_in = uploading.elapsed();
     let started = Instant::now();
     let response = client
         .execute(&action, true, ctx)
         .await
         .map_err(unexpected)?;
     let total = started.elapsed();
+    let shown = &compiler.shown;
     let result = response.result.unwrap_or_default();
     if result.exit_code != 0 {
         let stderr = output_of(client, &result.stderr_raw, &result.stderr_digest, ctx).await;
+        let advice = match (&compiler.uploaded, &compiler.why_not_uploaded) {
+            (Some(_), _) => "the compiler was uploaded with the action and still did not run: \
+                 the workers may be another architecture or operating system (select matching \
+                 ones with --platform), or try --toolchain=worker with a worker image that has \
+                 the compiler"
+                .to_owned(),
+            (None, Some(why_not)) => format!("it could not be uploaded: {why_not}"),
+            (None, None) => "the workers cannot run this compiler: give --remote-compiler (or \
+                 check's --compiler) the compiler's path on the workers, or --platform \
+                 properties that select workers (a container image) that have it"
+                .to_owned(),
+        };
         return Err(Failure::new(
             format!(
-                "`{compiler} --version` exited with {} on the worker: {}",
+                "`{shown} --version` exited with {} on the worker: {}",
                 result.exit_code,
                 String::from_utf8_lossy(&stderr).trim()
             ),
-            "the workers cannot run this compiler: give --remote-compiler (or check's \
-             --compiler) the compiler's path on the workers, or --platform properties that \
-             select workers (a container image) that have it",
+            advice,
         ));
     }
     let stdout = output_of(client, &result.stdout_raw, &result.stdout_digest, ctx).await;
@@ -406,9 +491,20 @@ async fn execution(
         .map(|t| t.worker.as_str())
         .filter(|w| !w.is_empty())
         .unwrap_or("?");
+    let how = match (&compiler.uploaded, &compiler.why_not_uploaded) {
+        (Some(toolchain), _) => format!(
+            "upload mode: {} file{}, {:.1} MB, in the CAS after {}",
+            toolchain.files.len(),
+            if toolchain.files.len() == 1 { "" } else { "s" },
+            toolchain.size() as f64 / 1e6,
+            millis(uploaded_in)
+        ),
+        (None, Some(why_not)) => format!("worker mode, as links will run it: {why_not}"),
+        (None, None) => "worker mode: the compiler at its path on the worker".to_owned(),
+    };
     let detail = format!(
-        "`{compiler} --version` on worker {worker}: {version} (queued {}, executed {}, Execute \
-         took {})",
+        "`{shown} --version` on worker {worker}: {version} (queued {}, executed {}, Execute \
+         took {}; {how})",
         span(times.as_ref().and_then(|t| t.queue_ms)),
         span(times.as_ref().and_then(|t| t.execute_ms)),
         millis(total)
@@ -430,31 +526,57 @@ async fn output_of(
     }
 }
 
-/// An action running `compiler --version` in an empty input root, never cached.
-fn version_action(compiler: &str, properties: &[(String, String)]) -> (Digest, Vec<Blob>) {
+/// An action running the compiler with `--version`, never cached: its input root is empty, or
+/// holds the toolchain in upload mode.
+fn version_action(
+    compiler: &CheckedCompiler,
+    properties: &[(String, String)],
+) -> Result<(Digest, Vec<Blob>), String> {
     let platform = platform(properties);
     #[allow(deprecated)] // Command.platform: as links set it, for servers that read it there
     let command = re::Command {
-        arguments: vec![compiler.to_string(), "--version".to_string()],
+        arguments: compiler
+            .arguments
+            .iter()
+            .cloned()
+            .chain(["--version".to_owned()])
+            .collect(),
         environment_variables: environment(),
         platform: platform.clone(),
         ..Default::default()
     };
+    let mut blobs = Vec::new();
+    let toolchain = compiler.uploaded.iter().flat_map(Toolchain::inputs);
+    let mut entries = Vec::new();
+    for (path, file) in toolchain {
+        let tree_file = TreeFile {
+            digest: file.digest.clone(),
+            executable: file.executable,
+        };
+        entries.push((path, tree_file));
+        blobs.push(Blob::from_file(file.local.clone(), file.digest.clone()));
+    }
+    let tree = build_tree(entries)?;
+    blobs.extend(
+        tree.directories
+            .into_iter()
+            .map(|(_, bytes)| Blob::from_bytes(bytes)),
+    );
     let (command_digest, command_bytes) = reapi::digest::of_message(&command);
-    let (root_digest, root_bytes) = reapi::digest::of_message(&re::Directory::default());
     let action = re::Action {
         command_digest: Some(command_digest),
-        input_root_digest: Some(root_digest),
+        input_root_digest: Some(tree.root_digest),
         do_not_cache: true,
         platform,
         ..Default::default()
     };
     let (action_digest, action_bytes) = reapi::digest::of_message(&action);
-    let blobs = [command_bytes, root_bytes, action_bytes]
-        .into_iter()
-        .map(Blob::from_bytes)
-        .collect();
-    (action_digest, blobs)
+    blobs.extend(
+        [command_bytes, action_bytes]
+            .into_iter()
+            .map(Blob::from_bytes),
+    );
+    Ok((action_digest, blobs))
 }
 
 /// `name` found in the directories of `PATH`, as the shell would run it.

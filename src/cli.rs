@@ -50,10 +50,15 @@ pub enum Command {
 pub struct CheckArgs {
     #[command(flatten)]
     pub settings: SettingsArgs,
-    /// The compiler to run on a worker (its path there) [default: --remote-compiler, else clang
-    /// on PATH]
+    /// The compiler a link uses, run on a worker: uploaded with the action, or at this path on
+    /// the workers with --remote-compiler or --toolchain=worker [default: --remote-compiler, else
+    /// clang on PATH]
     #[arg(long, value_name = "PATH")]
     pub compiler: Option<PathBuf>,
+    /// An argument before `--version`, as lld's --thinlto-remote-compiler-prepend-arg puts one
+    /// before a compile's own (`clang` for `zig`); repeatable
+    #[arg(long, value_name = "ARG")]
+    pub compiler_prepend_arg: Vec<String>,
 }
 
 #[derive(Debug, Args)]

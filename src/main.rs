@@ -38,7 +38,11 @@ fn main() -> ExitCode {
         Some(Command::Check(args)) => {
             let sub = matches.subcommand().map_or(&matches, |(_, m)| m);
             match config::resolve(&args.settings, sub) {
-                Ok(resolved) => check::run(&resolved.settings, args.compiler.as_deref()),
+                Ok(resolved) => check::run(
+                    &resolved.settings,
+                    args.compiler.as_deref(),
+                    &args.compiler_prepend_arg,
+                ),
                 Err(e) => report(Err(e)),
             }
         }

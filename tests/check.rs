@@ -175,13 +175,56 @@ fn a_server_without_execution_suggests_cache_only() {
 fn a_compiler_the_workers_cannot_run_fails_the_execution_step() {
     let server = Server::start::<[&str; 0], &str>([]);
     let remote = format!("--remote={}", server.url());
-    let out = check(&[&remote, "--compiler=/nonexistent/clang"]);
+    let out = check(&[
+        &remote,
+        "--toolchain=worker",
+        "--compiler=/nonexistent/clang",
+    ]);
     assert_fails_at(
         &out,
         "remote execution",
         "exited with 127",
         "--remote-compiler",
     );
+    // Uploading it, the check finds out here that there is nothing to upload.
+    let out = check(&[&remote, "--compiler=/nonexistent/clang"]);
+    assert_fails_at(
+        &out,
+        "remote execution",
+        "the compiler /nonexistent/clang",
+        "give --compiler",
+    );
+}
+
+#[test]
+fn check_uploads_the_compiler_to_workers_that_do_not_have_it() {
+    // The workers see neither the compiler's directory nor the wrappers', as on a real cluster.
+    let tools = toolchain();
+    let compiler_dir = tools.compiler.parent().unwrap();
+    let server = Server::start([
+        "--hide".as_ref(),
+        compiler_dir.as_os_str(),
+        "--hide".as_ref(),
+        tools.bin.as_os_str(),
+    ]);
+    let remote = format!("--remote={}", server.url());
+    let compiler = tools.compiler.display().to_string();
+    let mut args = vec![remote.as_str(), "--compiler", &compiler];
+    if !tools.compiler_prepend.is_empty() {
+        args.extend(["--compiler-prepend-arg", &tools.compiler_prepend]);
+    }
+    let out = check(&args);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("✓ remote execution: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("clang version"), "{line}");
+    assert!(line.contains("upload mode"), "{line}");
+    // At its path on the workers, the same compiler cannot run.
+    args.push("--toolchain=worker");
+    assert_fails_at(&check(&args), "remote execution", "exited with 127", "");
 }
 
 #[test]
