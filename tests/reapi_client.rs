@@ -30,6 +30,15 @@ async fn connect(server: &Server) -> Client {
     Client::connect(&options(server)).await.expect("connect")
 }
 
+/// Uploads `blob` and returns its digest.
+async fn put(client: &Client, blob: &[u8]) -> Digest {
+    client
+        .upload(vec![Blob::from_bytes(blob.to_vec())], &ctx())
+        .await
+        .expect("upload");
+    digest::of_bytes(blob)
+}
+
 /// Deterministic, incompressible-looking test data.
 fn data(len: usize, seed: u8) -> Vec<u8> {
     let mut state = u32::from(seed) | 0x9e37_0000;
@@ -204,10 +213,7 @@ async fn action_cache_get_and_update() {
     );
 
     let stdout = b"hello\n".to_vec();
-    client
-        .upload(vec![Blob::from_bytes(stdout.clone())], &ctx())
-        .await
-        .unwrap();
+    put(&client, &stdout).await;
     let result = ActionResult {
         exit_code: 0,
         stdout_digest: Some(digest::of_bytes(&stdout)),
@@ -483,11 +489,7 @@ async fn corrupt_reads_are_read_again_once() {
             Server::start(&["--max-batch-bytes", "1024", "--fault-corrupt-reads", &reads]).await;
         let client = connect(&server).await;
         let blob = data(if batch { 100 } else { 50_000 }, 3);
-        let d = digest::of_bytes(&blob);
-        client
-            .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
-            .await
-            .unwrap();
+        let d = put(&client, &blob).await;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("blob");
         let result = client.download_to_file(&d, &path, &ctx()).await;
@@ -515,10 +517,7 @@ async fn unix_socket_endpoint() {
         .await
         .expect("connect over unix socket");
     let blob = data(1000, 4);
-    client
-        .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
-        .await
-        .unwrap();
+    put(&client, &blob).await;
     assert_eq!(
         client
             .download(&digest::of_bytes(&blob), &ctx())
@@ -566,11 +565,7 @@ async fn a_stalled_read_is_abandoned_at_the_call_timeout_and_read_again() {
     let client = Client::connect(&opts).await.expect("connect");
     // 16 MiB: the whole transfer may take 1 s + 16 s, but a stream silent for 1 s is given up.
     let blob = data(16 << 20, 5);
-    let d = digest::of_bytes(&blob);
-    client
-        .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
-        .await
-        .unwrap();
+    let d = put(&client, &blob).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("blob");
     let started = std::time::Instant::now();
@@ -702,11 +697,7 @@ async fn interrupted_uploads_resume_compressed_or_not() {
             counting_server(&["--fault-break-writes", "1"], server_compresses).await;
         let client = connect(&server).await;
         let blob = compressible(5 << 20, 9);
-        let d = digest::of_bytes(&blob);
-        client
-            .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
-            .await
-            .expect("upload");
+        let d = put(&client, &blob).await;
         assert_eq!(client.download(&d, &ctx()).await.unwrap(), blob);
         assert!(client.stats().rpc_retries >= 1);
         let served = server_stats(server, &dir).await;
@@ -742,10 +733,7 @@ async fn corrupt_compressed_reads_are_detected() {
         .await;
         let client = connect(&server).await;
         let blob = compressible(size, 7);
-        client
-            .upload(vec![Blob::from_bytes(blob.clone())], &ctx())
-            .await
-            .unwrap();
+        put(&client, &blob).await;
         let result = client.download(&digest::of_bytes(&blob), &ctx()).await;
         if reads == "1" {
             assert_eq!(result.unwrap(), blob);
