@@ -5,7 +5,6 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -136,11 +135,7 @@ fn a_changed_compiler_is_named_by_its_content() {
     // Another build of the compiler: the same program, other bytes.
     let tools = toolchain();
     let dir = tempfile::tempdir().unwrap();
-    let other = dir.path().join("other compiler");
-    let mut bytes = fs::read(&tools.compiler).unwrap();
-    bytes.extend_from_slice(b"\0another build");
-    fs::write(&other, bytes).unwrap();
-    fs::set_permissions(&other, fs::Permissions::from_mode(0o755)).unwrap();
+    let other = common::compiler_copy(dir.path(), b"\0another build");
     let prepend: Vec<&str> = [tools.compiler_prepend.as_str()]
         .into_iter()
         .filter(|p| !p.is_empty())

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{
-    Project, Server, Stats, chain_project, chain_with_archive, ran_only, run_ok, toolchain,
+    Project, Server, Stats, chain_project, chain_with_archive, compiler_copy, ran_only, run_ok,
+    toolchain,
 };
 use serde_json::json;
 
@@ -181,16 +182,11 @@ fn link_with(project: &Project, output: &str, compiler: &Path, extra: &[&str]) -
 /// Copies of the toolchain's compiler executable: two identical ones in different directories and
 /// one with a byte appended (which still runs).
 fn compiler_copies(dir: &Path) -> [PathBuf; 3] {
-    let name = toolchain().compiler.file_name().unwrap().to_owned();
-    let [a, b, changed] = ["a", "b", "changed"].map(|d| dir.join(d).join(&name));
-    for copy in [&a, &b, &changed] {
-        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
-        std::fs::copy(&toolchain().compiler, copy).unwrap();
-    }
-    let mut bytes = std::fs::read(&changed).unwrap();
-    bytes.push(0);
-    std::fs::write(&changed, bytes).unwrap();
-    [a, b, changed]
+    [
+        compiler_copy(&dir.join("a"), b""),
+        compiler_copy(&dir.join("b"), b""),
+        compiler_copy(&dir.join("changed"), b"\0"),
+    ]
 }
 
 #[test]

@@ -711,6 +711,19 @@ fn read_json(path: &Path) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{} is not JSON: {e}\n{text}", path.display()))
 }
 
+/// A copy of the toolchain's compiler executable in `dir` (under its own name), with `extra`
+/// appended: a different compiler by content that still runs.
+pub fn compiler_copy(dir: &Path, extra: &[u8]) -> PathBuf {
+    let copy = dir.join(toolchain().compiler.file_name().unwrap());
+    fs::create_dir_all(dir).unwrap();
+    fs::copy(&toolchain().compiler, &copy).unwrap();
+    if !extra.is_empty() {
+        let mut file = fs::OpenOptions::new().append(true).open(&copy).unwrap();
+        std::io::Write::write_all(&mut file, extra).unwrap();
+    }
+    copy
+}
+
 /// Writes a file, creating its directory.
 pub fn write(path: &Path, contents: &[u8]) {
     create_parent(path);
