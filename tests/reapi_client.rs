@@ -9,7 +9,9 @@ use std::time::Duration;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     Action, ActionResult, Command, Digest, OutputFile,
 };
-use dtlto_reapi::reapi::{Blob, CallContext, Client, ConnectionOptions, ReapiError, Stage, digest};
+use dtlto_reapi::reapi::{
+    Blob, CALLS_PER_CONNECTION, CallContext, Client, ConnectionOptions, ReapiError, Stage, digest,
+};
 use support_server::{Server, tree};
 use tonic::Code;
 
@@ -743,4 +745,30 @@ async fn corrupt_compressed_reads_are_detected() {
             assert!(err.to_string().contains("decompress"), "{err}");
         }
     }
+}
+
+/// Connections are opened on demand: calls one after another share one connection; more calls at
+/// once than one connection carries open a second, and the server counts the same.
+#[tokio::test]
+async fn connections_are_opened_only_when_the_earlier_ones_are_full() {
+    let (server, dir) = counting_server(&["--fault-slow", "GetActionResult=1500"], true).await;
+    let mut opts = options(&server);
+    opts.concurrent_calls = 4 * CALLS_PER_CONNECTION;
+    let client = Client::connect(&opts).await.expect("connect");
+    for seed in 0..5 {
+        put(&client, &data(100, seed)).await;
+    }
+    assert_eq!(client.stats().connections, 1);
+
+    let action = digest::of_bytes(b"no such action");
+    let ctx = ctx();
+    let lookups =
+        (0..CALLS_PER_CONNECTION + 10).map(|_| client.get_action_result(&action, &[], &ctx));
+    for found in futures::future::join_all(lookups).await {
+        assert!(found.expect("lookup").is_none());
+    }
+    assert_eq!(client.stats().connections, 2);
+    drop(client);
+    // And the test harness's own connection to the server.
+    assert_eq!(server_stats(server, &dir).await["connections"], 2 + 1);
 }

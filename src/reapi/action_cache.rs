@@ -1,8 +1,8 @@
 //! The action cache: looking up the result of an action by its digest, and recording one.
 
+use super::connections::CountedChannel;
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use tonic::Code;
-use tonic::transport::Channel;
 
 use super::digest::Digest;
 use super::error::ReapiError;
@@ -10,7 +10,7 @@ use super::retry;
 use super::{ActionResult, CallContext, Client, Inner, MAX_MESSAGE_BYTES};
 
 impl Inner {
-    fn action_cache(&self) -> re::action_cache_client::ActionCacheClient<Channel> {
+    fn action_cache(&self) -> re::action_cache_client::ActionCacheClient<CountedChannel> {
         re::action_cache_client::ActionCacheClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }

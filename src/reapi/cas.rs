@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::connections::CountedChannel;
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use bazel_remote_apis::google::bytestream::{self as bs, byte_stream_client::ByteStreamClient};
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -22,7 +23,6 @@ use prost::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 use tonic::Status;
-use tonic::transport::Channel;
 
 use super::compression::{self, Encoder, IDENTITY, StreamDecoder, ZSTD, ZSTD_NAME};
 use super::digest::{self, Digest, Hasher};
@@ -322,12 +322,13 @@ impl Sink<'_> {
 impl Inner {
     fn cas(
         &self,
-    ) -> re::content_addressable_storage_client::ContentAddressableStorageClient<Channel> {
+    ) -> re::content_addressable_storage_client::ContentAddressableStorageClient<CountedChannel>
+    {
         re::content_addressable_storage_client::ContentAddressableStorageClient::new(self.channel())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    fn byte_stream(&self) -> ByteStreamClient<Channel> {
+    fn byte_stream(&self) -> ByteStreamClient<CountedChannel> {
         ByteStreamClient::new(self.channel()).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 

@@ -12,6 +12,7 @@ mod capabilities;
 mod cas;
 mod channel;
 pub mod compression;
+mod connections;
 mod credentials;
 pub mod digest;
 mod error;
@@ -22,12 +23,10 @@ mod stats;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 pub use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, ExecuteResponse};
 pub use capabilities::{DEFAULT_MAX_BATCH_BYTES, ServerCapabilities};
@@ -40,6 +39,7 @@ pub use execution::Stage;
 pub use metadata::{CallContext, parse_header_arg};
 pub use stats::TransferStats;
 
+use connections::{Connections, CountedChannel};
 use credentials::Credentials;
 use metadata::CallMetadata;
 use retry::{Attempts, RetryPolicy};
@@ -74,17 +74,14 @@ pub struct ConnectionOptions {
     pub invocation_id: String,
     /// Identifies the build this link belongs to, if the caller knows one.
     pub correlated_invocations_id: Option<String>,
-    /// Calls the client makes at once, at most (it opens one HTTP/2 connection per
-    /// [`CALLS_PER_CONNECTION`] of them).
+    /// Calls the client makes at once, at most (it may open one HTTP/2 connection per
+    /// [`CALLS_PER_CONNECTION`] of them, each only when the others are full).
     pub concurrent_calls: usize,
     /// Transfer blobs zstd-compressed when the server offers it (REAPI compressed-blobs).
     pub compression: bool,
 }
 
-/// Calls carried by one HTTP/2 connection. Servers cap concurrent streams per connection (hyper's
-/// default is 200, and a client that overruns it loses the whole connection's calls), so many
-/// concurrent actions are spread over several connections, as Bazel does.
-pub const CALLS_PER_CONNECTION: usize = 64;
+pub use connections::CALLS_PER_CONNECTION;
 
 impl ConnectionOptions {
     /// Options for `endpoint` with defaults: no instance name, no headers, system TLS roots,
@@ -143,9 +140,8 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Inner {
-    /// One channel (HTTP/2 connection) per [`CALLS_PER_CONNECTION`] concurrent calls, used in turn.
-    channels: Vec<Channel>,
-    next_channel: AtomicUsize,
+    /// Up to one HTTP/2 connection per [`CALLS_PER_CONNECTION`] concurrent calls, opened on demand.
+    connections: Connections,
     endpoint: String,
     instance_name: String,
     metadata: CallMetadata,
@@ -186,9 +182,10 @@ impl Client {
         let channels = (0..connections)
             .map(|_| channel::channel(&opts.endpoint, &opts.tls, opts.timeout))
             .collect::<Result<_, _>>()?;
+        let connections = Connections::new(channels)
+            .ok_or_else(|| ReapiError::Config("no connection to open".to_owned()))?;
         let mut inner = Inner {
-            channels,
-            next_channel: AtomicUsize::new(0),
+            connections,
             endpoint: opts.endpoint.clone(),
             instance_name: opts.instance_name.clone(),
             metadata,
@@ -232,7 +229,8 @@ impl Client {
 
     /// The client's transfer counters so far.
     pub fn stats(&self) -> TransferStats {
-        self.inner.counters.snapshot()
+        let connections = u64::try_from(self.inner.connections.opened()).unwrap_or(u64::MAX);
+        self.inner.counters.snapshot(connections)
     }
 
     /// Where the call headers come from, names only: `--remote-header` names, and the credential
@@ -266,10 +264,9 @@ pub async fn probe_connection(opts: &ConnectionOptions) -> Result<(), ReapiError
 }
 
 impl Inner {
-    /// The next channel in turn, so calls spread evenly over the connections.
-    fn channel(&self) -> Channel {
-        let i = self.next_channel.fetch_add(1, Ordering::Relaxed) % self.channels.len();
-        self.channels[i].clone()
+    /// The channel for one more call (see [`connections`]).
+    fn channel(&self) -> CountedChannel {
+        self.connections.pick()
     }
 
     async fn read_capabilities(&self) -> Result<ServerCapabilities, ReapiError> {

@@ -16,6 +16,8 @@ pub struct TransferStats {
     pub blobs_downloaded: u64,
     /// RPC attempts repeated after a transient failure (including re-attached Execute streams).
     pub rpc_retries: u64,
+    /// HTTP/2 connections the client used (each opened only when the earlier ones were full).
+    pub connections: u64,
 }
 
 #[derive(Debug, Default)]
@@ -49,7 +51,8 @@ impl Counters {
             .fetch_add(wire, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> TransferStats {
+    /// The counters now, with the number of connections the client used.
+    pub(crate) fn snapshot(&self, connections: u64) -> TransferStats {
         TransferStats {
             bytes_uploaded: self.bytes_uploaded.load(Ordering::Relaxed),
             wire_bytes_uploaded: self.wire_bytes_uploaded.load(Ordering::Relaxed),
@@ -58,6 +61,7 @@ impl Counters {
             wire_bytes_downloaded: self.wire_bytes_downloaded.load(Ordering::Relaxed),
             blobs_downloaded: self.blobs_downloaded.load(Ordering::Relaxed),
             rpc_retries: self.rpc_retries.load(Ordering::Relaxed),
+            connections,
         }
     }
 }

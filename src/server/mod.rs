@@ -37,6 +37,7 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 use bazel_remote_apis::google::bytestream::byte_stream_server::ByteStreamServer;
 use bazel_remote_apis::google::longrunning::operations_server::OperationsServer;
 use clap::Args;
+use futures::StreamExt as _;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -410,7 +411,8 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
                 .await
                 .with_context(|| format!("cannot listen on {address}"))?;
             announce(&format!("grpc://{}", listener.local_addr()?))?;
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming =
+                tokio_stream::wrappers::TcpListenerStream::new(listener).inspect(counted(&context));
             finish(
                 router.serve_with_incoming_shutdown(incoming, stopped),
                 &shutdown,
@@ -421,7 +423,8 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
             let listener = tokio::net::UnixListener::bind(&path)
                 .with_context(|| format!("cannot listen on unix://{}", path.display()))?;
             announce(&format!("unix://{}", path.display()))?;
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener)
+                .inspect(counted(&context));
             let served = finish(
                 router.serve_with_incoming_shutdown(incoming, stopped),
                 &shutdown,
@@ -433,6 +436,16 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
         }
     };
     Ok((context, served))
+}
+
+/// Counts each accepted connection in the server's statistics.
+fn counted<T, E>(context: &Arc<context::Context>) -> impl Fn(&Result<T, E>) + use<T, E> {
+    let context = context.clone();
+    move |accepted| {
+        if accepted.is_ok() {
+            context.stats.connection_accepted();
+        }
+    }
 }
 
 /// The socket addresses `address` names; all of them loopback unless `allow_remote` (the server

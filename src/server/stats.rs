@@ -14,6 +14,7 @@ pub struct Stats {
     distinct: Mutex<HashSet<BlobDigest>>,
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
+    connections: AtomicU64,
 }
 
 /// The JSON `--stats-json` writes.
@@ -28,6 +29,8 @@ struct Totals {
     blob_bytes_received: u64,
     /// Blob data bytes sent by BatchReadBlobs and ByteStream reads (as sent).
     blob_bytes_sent: u64,
+    /// Connections accepted (TCP or unix socket; each carries any number of HTTP/2 calls).
+    connections: u64,
 }
 
 impl Stats {
@@ -50,6 +53,11 @@ impl Stats {
         self.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    /// A client connected.
+    pub fn connection_accepted(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Writes the totals as JSON to `path`.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let totals = Totals {
@@ -57,6 +65,7 @@ impl Stats {
             distinct_blobs_uploaded: self.distinct.lock().map_or(0, |d| d.len() as u64),
             blob_bytes_received: self.bytes_received.load(Ordering::Relaxed),
             blob_bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            connections: self.connections.load(Ordering::Relaxed),
         };
         std::fs::write(path, serde_json::to_vec_pretty(&totals)?)
             .map_err(|e| anyhow::anyhow!("cannot write --stats-json {}: {e}", path.display()))
