@@ -73,8 +73,9 @@ fn a_fixed_token_helper_authenticates_once_per_link() {
     assert_eq!(
         linked.stats().ran(),
         ran_only("remote", 4),
-        "{}",
-        linked.stats()
+        "{}\n{}",
+        linked.stats(),
+        linked.stderr
     );
     assert_eq!(helper.runs(), 1, "the helper must run once per link");
     let port = server.url().rsplit(':').next().unwrap();
@@ -127,8 +128,9 @@ printf '{"headers": {"x-token": ["%s"]}, "expires": "2099-01-01T00:00:00Z"}' "$t
     assert_eq!(
         linked.stats().ran(),
         ran_only("remote", 5),
-        "{}",
-        linked.stats()
+        "{}\n{}",
+        linked.stats(),
+        linked.stderr
     );
     assert!(
         helper.runs() >= 2,

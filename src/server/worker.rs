@@ -233,7 +233,7 @@ impl Worker {
             .process_group(0)
             .kill_on_drop(true);
         self.isolation.apply(&mut process);
-        let mut child = match process.spawn() {
+        let mut child = match spawn(&mut process).await {
             Ok(child) => child,
             Err(e) => {
                 if let Some(status) = self.context.faults.missing_program(program, &e) {
@@ -267,6 +267,27 @@ impl Worker {
             let _ = child.wait().await;
         }
         Ok(ending)
+    }
+}
+
+/// How often, and how long apart, a spawn that fails with ETXTBSY is tried again.
+const BUSY_RETRIES: u32 = 50;
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
+
+/// Spawns `process`, trying again while its program is "text file busy". An input just written by
+/// this server (a compiler materialized for the action) is closed before it runs, but a process
+/// that another action's thread forks at that moment inherits the writable descriptor until it
+/// execs, and exec refuses a file open for writing: the race is brief and ends on its own.
+async fn spawn(process: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    let mut tries = 0;
+    loop {
+        match process.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < BUSY_RETRIES => {
+                tries += 1;
+                tokio::time::sleep(BUSY_PAUSE).await;
+            }
+            spawned => return spawned,
+        }
     }
 }
 
