@@ -107,6 +107,8 @@ struct StatsFile<'a> {
     job_file: &'a Path,
     mode: &'a str,
     wall_ms: u64,
+    /// The distributor's own CPU time (user and system), its local compiles excluded.
+    cpu_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     transfers: Option<TransferStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -270,6 +272,7 @@ impl Reporter {
                 job_file,
                 mode: totals.mode,
                 wall_ms: wall.as_millis() as u64,
+                cpu_ms: own_cpu().as_millis() as u64,
                 transfers: totals.transfers,
                 toolchain: totals.toolchain.as_ref(),
                 jobs: &records,
@@ -280,6 +283,23 @@ impl Reporter {
         }
         Ok(())
     }
+}
+
+/// The CPU time this process has used so far, user and system; not its children's.
+fn own_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return Duration::ZERO;
+        }
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Where a per-link file (`--stats-json PATH`, `--trace PATH`) goes: PATH itself, or, when PATH is a

@@ -105,6 +105,13 @@ fn stats_json_has_one_record_per_job() {
     let stats = linked.stats();
     let records = stats.jobs();
     assert_eq!(records.len(), JOBS, "{stats}");
+    // The distributor's own CPU time: the compiles it ran are not counted, and no more threads
+    // than cores were busy.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+    assert!(
+        stats.total("cpu_ms") <= stats.total("wall_ms") * cores,
+        "{stats}"
+    );
 
     let modules = |records: &[Value]| -> BTreeSet<String> {
         records

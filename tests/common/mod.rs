@@ -533,6 +533,13 @@ impl Stats {
         &self.0["toolchain"]
     }
 
+    /// A number of the whole run (`wall_ms`, `cpu_ms`).
+    pub fn total(&self, name: &str) -> u64 {
+        self.0[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {name} in {self}"))
+    }
+
     /// A counter of `transfers` (`bytes_uploaded`, `rpc_retries`, ...).
     pub fn transfers(&self, counter: &str) -> u64 {
         self.0["transfers"][counter]
