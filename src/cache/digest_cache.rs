@@ -317,7 +317,7 @@ fn parse(bytes: &[u8]) -> HashMap<FileKey, Entry> {
 fn most_recently_used(entries: &HashMap<FileKey, Entry>, max: usize) -> Vec<(&FileKey, &Entry)> {
     let mut kept: Vec<(&FileKey, &Entry)> = entries.iter().collect();
     if kept.len() > max {
-        kept.sort_unstable_by(|a, b| b.1.last_used.cmp(&a.1.last_used));
+        kept.sort_unstable_by_key(|(_, entry)| std::cmp::Reverse(entry.last_used));
         kept.truncate(max);
     }
     kept
