@@ -33,8 +33,8 @@ const MAX_ENTRIES: usize = 100_000;
 /// An entry's last use is recorded again (which costs a save) when it is older than this.
 const USE_RESOLUTION_SECS: u64 = 24 * 60 * 60;
 
-/// The first line of the file, naming its format. v1 had no module hash nor last use: such a file
-/// reads as an empty cache.
+/// The first line of the file, naming its format. v1 (in `file-digests`) had no module hash nor
+/// last use: such a file reads as an empty cache.
 const HEADER: &str = "dtlto-reapi digest cache v2";
 
 /// What identifies one version of a file on disk.
@@ -178,9 +178,11 @@ pub struct DigestCache {
 }
 
 impl DigestCache {
-    /// `<user cache dir>/dtlto-reapi/file-digests`.
+    /// `<user cache dir>/dtlto-reapi/file-digests-v2`: named after the format, so that a version of
+    /// dtlto-reapi that knows another format, running on the same machine (during an upgrade),
+    /// does not replace this one's file with its own at every link.
     pub fn default_file() -> Option<PathBuf> {
-        dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests"))
+        dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests-v2"))
     }
 
     /// Loads the cache kept in `file`; a missing, unreadable or foreign file is an empty cache, and

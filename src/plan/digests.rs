@@ -4,6 +4,8 @@
 //! hashing per job would hash the popular modules hundreds of times. All input files of the link are
 //! hashed up front by a few threads; the planner then only looks digests up. The same pass reads each
 //! module's own hash (MODULE_CODE_HASH), which the canonical layout matches index-shard entries by.
+//! Both are remembered in the [`DigestCache`], so an input unchanged since an earlier link costs one
+//! `stat`.
 
 use std::collections::HashMap;
 use std::io::Read;
