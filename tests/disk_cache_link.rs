@@ -211,13 +211,20 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     assert_eq!(first.run_program(), expected);
     let stats = first.stats();
     assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
-    assert!(xdg_cache.path().join("dtlto-reapi/file-digests").is_file());
+    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v2");
+    assert!(digest_cache.is_file());
 
     // Unchanged objects are taken from the digest cache, not read; only the index shards lld
     // wrote afresh for this link are hashed.
     let (second, jobs, shard_bytes) = relink("two/app");
     assert_eq!(second.run_program(), expected);
     let stats = second.stats();
+    // The same Actions as the first link's: the remembered module hashes matched the shards.
+    assert_eq!(
+        stats.ran(),
+        ran_only("disk-cache", jobs as usize),
+        "{stats}"
+    );
     assert_eq!(
         stats.inputs("files_from_digest_cache"),
         objects.len() as u64,
