@@ -205,14 +205,25 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
         let shard_bytes = total_size(&project, shards.iter().map(Path::new));
         (linked, shards.len() as u64, shard_bytes)
     };
+    // A damaged digest cache is an empty one, and is replaced.
+    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v2");
+    common::write(
+        &digest_cache,
+        b"dtlto-reapi digest cache v2\n1 2 3 \xff\n\x00 truncated",
+    );
     // Files changed within the last two seconds are never remembered: let the objects age.
     std::thread::sleep(std::time::Duration::from_millis(2100));
     let (first, _, _) = relink("one/app");
     assert_eq!(first.run_program(), expected);
     let stats = first.stats();
     assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
-    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v2");
-    assert!(digest_cache.is_file());
+    let saved = std::fs::read(&digest_cache).expect("digest cache");
+    let saved = String::from_utf8_lossy(&saved);
+    assert!(
+        saved.lines().any(|line| line.ends_with(" mod0.o")),
+        "{saved}"
+    );
+    assert!(!saved.contains("truncated"), "{saved}");
 
     // Unchanged objects are taken from the digest cache, not read; only the index shards lld
     // wrote afresh for this link are hashed.
