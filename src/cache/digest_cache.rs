@@ -205,7 +205,7 @@ impl DigestCache {
     }
 
     /// What is remembered of `path`, if it has not changed since.
-    pub fn lookup(&self, path: &Path, meta: &Metadata) -> Option<Remembered> {
+    fn lookup(&self, path: &Path, meta: &Metadata) -> Option<Remembered> {
         let mut entries = self.entries.lock().ok()?;
         let entry = entries.get_mut(&FileKey::new(path, meta))?;
         if entry.last_used + USE_RESOLUTION_SECS <= self.now {

@@ -38,8 +38,8 @@ pub struct Planner {
 
 impl Planner {
     /// Resolves the compiler and hashes every input file of the link (on blocking threads, `--jobs`
-    /// at once), remembering the digests of both across links in the digest cache. `legacy_output_files` is for servers
-    /// older than REAPI 2.1.
+    /// at once), remembering the digests of both across links in the digest cache.
+    /// `legacy_output_files` is for servers older than REAPI 2.1.
     pub async fn new(
         job_file: Arc<JobFile>,
         settings: &Settings,
