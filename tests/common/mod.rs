@@ -544,18 +544,18 @@ impl Stats {
         &self.0["toolchain"]
     }
 
-    /// A counter of `inputs` (`files_hashed`, `bytes_from_digest_cache`, ...).
-    pub fn inputs(&self, counter: &str) -> u64 {
-        self.0["inputs"][counter]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no inputs.{counter} in {self}"))
-    }
-
     /// A counter of `transfers` (`bytes_uploaded`, `rpc_retries`, ...).
     pub fn transfers(&self, counter: &str) -> u64 {
         self.0["transfers"][counter]
             .as_u64()
             .unwrap_or_else(|| panic!("no transfers.{counter} in {self}"))
+    }
+
+    /// A counter of `inputs` (`files_hashed`, `bytes_from_digest_cache`, ...).
+    pub fn inputs(&self, counter: &str) -> u64 {
+        self.0["inputs"][counter]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no inputs.{counter} in {self}"))
     }
 }
 
