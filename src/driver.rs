@@ -123,6 +123,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     runner.finish(&ctx).await;
     let transfers = runner.transfers();
     let toolchain = runner.toolchain();
+    let inputs = runner.input_hashing();
     watcher.abort();
 
     let mode = serde_json::to_value(settings.mode)
@@ -133,6 +134,7 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         mode: mode.as_deref().unwrap_or("?"),
         transfers,
         toolchain,
+        inputs,
     };
     if let Err(e) = reporter.finish(&job_file.path, &totals, stats_json) {
         reporter.error(&format!("cannot write --stats-json: {e}"));

@@ -11,6 +11,7 @@
 //! `inputs[1]` its index shard, `inputs[2..]` the modules it imports, and `outputs[0]` the native
 //! object.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -193,14 +194,19 @@ impl JobFile {
                 ));
             }
         }
+        // Each file once (one `stat`), however many jobs import it.
+        let mut checked: HashMap<&Path, Option<&str>> = HashMap::new();
         for job in &self.jobs {
             for (i, input) in job.inputs.iter().enumerate() {
-                if !input.is_file() {
-                    let what = if input.exists() {
-                        "is not a regular file"
-                    } else {
-                        "does not exist"
-                    };
+                let problem =
+                    *checked
+                        .entry(input)
+                        .or_insert_with(|| match std::fs::metadata(input) {
+                            Ok(meta) if meta.is_file() => None,
+                            Ok(_) => Some("is not a regular file"),
+                            Err(_) => Some("does not exist"),
+                        });
+                if let Some(what) = problem {
                     problems.push(format!(
                         "{}: `inputs[{i}]` {} {what}",
                         job.label(),
@@ -325,7 +331,7 @@ fn strings(
 }
 
 /// A path as the file system resolves it from the working directory, without following symlinks:
-/// `./x`, `x` and `$PWD/x` are the same file.
+/// `./x`, `x` and `$PWD/x` are the same file. Given an absolute path, it asks the system nothing.
 fn normalized(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
 }
@@ -334,6 +340,9 @@ fn normalized(path: &Path) -> PathBuf {
 /// compared after normalisation. Two jobs writing the same file would race, and an output that is
 /// an input destroys what a compile reads; lld never does either, so it signals a corrupt file.
 fn clashing_outputs(jobs: &[Job], common_inputs: &[PathBuf]) -> Vec<String> {
+    // The working directory once, not once per path.
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let normalized = |path: &Path| normalized(&cwd.join(path));
     let mut inputs = std::collections::HashMap::new();
     for input in common_inputs {
         inputs
@@ -552,6 +561,19 @@ mod tests {
         assert_eq!(err.problems.len(), 1);
         assert!(err.problems[0].starts_with(&format!("job 0 ({}): `inputs[1]`", module.display())));
         assert!(err.problems[0].ends_with("gone.bc does not exist"));
+
+        // A file checked once is still reported for every job that lists it.
+        let json = json!({"common": {"args": ["clang"]},
+            "jobs": [{"args": [], "inputs": [&module, dir.path()], "outputs": ["a.o"]},
+                     {"args": [], "inputs": [&module, dir.path()], "outputs": ["b.o"]}]});
+        std::fs::write(&file, json.to_string()).unwrap();
+        let err = JobFile::load(&file).unwrap_err();
+        assert_eq!(err.problems.len(), 2, "{:?}", err.problems);
+        assert!(
+            err.problems
+                .iter()
+                .all(|p| p.ends_with("is not a regular file"))
+        );
 
         let shard = dir.path().join("m.bc");
         std::fs::write(&shard, b"x").unwrap();

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::jobs::Job;
 use crate::plan::action::ActionParts;
+use crate::plan::digests::HashingStats;
 use crate::plan::layout::LayoutKind;
 use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::TransferStats;
@@ -113,6 +114,8 @@ struct StatsFile<'a> {
     transfers: Option<TransferStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     toolchain: Option<&'a ToolchainReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inputs: Option<HashingStats>,
     jobs: &'a [JobRecord],
 }
 
@@ -141,6 +144,8 @@ pub struct RunTotals<'a> {
     /// The remote client's counters, in the remote modes.
     pub transfers: Option<TransferStats>,
     pub toolchain: Option<ToolchainReport>,
+    /// How the link's input files were hashed, when Actions were planned.
+    pub inputs: Option<HashingStats>,
 }
 
 /// Collects job records and prints on stderr.
@@ -275,6 +280,7 @@ impl Reporter {
                 cpu_ms: own_cpu().as_millis() as u64,
                 transfers: totals.transfers,
                 toolchain: totals.toolchain.as_ref(),
+                inputs: totals.inputs,
                 jobs: &records,
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;

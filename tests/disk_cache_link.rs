@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Linked, Project, Server, chain_with_archive, ran_only};
+use common::{Linked, Project, Server, chain, chain_project, chain_with_archive, ran_only};
 
 /// Links `project` with the disk cache in `cache` plus `extra` options; returns the link and how
 /// many jobs ran where.
@@ -167,4 +167,127 @@ fn symlinks_planted_in_the_cache_are_never_followed() {
     // The cache repaired itself: the next link is served from it.
     let (_, ran) = link(&project, "three/app", cache.path(), &[]);
     assert_eq!(ran, ran_only("disk-cache", 4));
+}
+
+/// The sizes of `files` (relative to `project`'s directory), summed.
+fn total_size<'a>(project: &Project, files: impl IntoIterator<Item = &'a Path>) -> u64 {
+    files
+        .into_iter()
+        .map(|f| {
+            std::fs::metadata(project.dir().join(f))
+                .expect("input")
+                .len()
+        })
+        .sum()
+}
+
+#[test]
+fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones() {
+    let (project, expected) = chain_project(3);
+    let objects: Vec<&Path> = project.inputs().iter().map(|p| p.as_path()).collect();
+    let xdg_cache = tempfile::tempdir().expect("tempdir");
+    let disk_cache = tempfile::tempdir().expect("tempdir");
+    let relink = |output: &str| {
+        let linked = project
+            .link(output)
+            .env("XDG_CACHE_HOME", xdg_cache.path())
+            .distributor_arg(format!("--disk-cache={}", disk_cache.path().display()))
+            .stats_json()
+            .save_temps()
+            .run();
+        linked.assert_success();
+        let shards: Vec<String> = linked.jobs()["jobs"]
+            .as_array()
+            .expect("jobs")
+            .iter()
+            .map(|job| job["inputs"][1].as_str().expect("shard").to_owned())
+            .collect();
+        let shard_bytes = total_size(&project, shards.iter().map(Path::new));
+        (linked, shards.len() as u64, shard_bytes)
+    };
+    // A damaged digest cache is an empty one, and is replaced.
+    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v2");
+    common::write(
+        &digest_cache,
+        b"dtlto-reapi digest cache v2\n1 2 3 \xff\n\x00 truncated",
+    );
+    // Files changed within the last two seconds are never remembered: let the objects age.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let (first, _, _) = relink("one/app");
+    assert_eq!(first.run_program(), expected);
+    let stats = first.stats();
+    assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
+    let saved = std::fs::read(&digest_cache).expect("digest cache");
+    let saved = String::from_utf8_lossy(&saved);
+    assert!(
+        saved.lines().any(|line| line.ends_with(" mod0.o")),
+        "{saved}"
+    );
+    assert!(!saved.contains("truncated"), "{saved}");
+
+    // Unchanged objects are taken from the digest cache, not read; only the index shards lld
+    // wrote afresh for this link are hashed.
+    let (second, jobs, shard_bytes) = relink("two/app");
+    assert_eq!(second.run_program(), expected);
+    let stats = second.stats();
+    // The same Actions as the first link's: the remembered module hashes matched the shards.
+    assert_eq!(
+        stats.ran(),
+        ran_only("disk-cache", jobs as usize),
+        "{stats}"
+    );
+    assert_eq!(
+        stats.inputs("files_from_digest_cache"),
+        objects.len() as u64,
+        "{stats}"
+    );
+    let object_bytes = total_size(&project, objects.iter().copied());
+    assert_eq!(
+        stats.inputs("bytes_from_digest_cache"),
+        object_bytes,
+        "{stats}"
+    );
+    assert_eq!(stats.inputs("files_hashed"), jobs, "{stats}");
+    assert_eq!(stats.inputs("bytes_hashed"), shard_bytes, "{stats}");
+
+    // An object rewritten with the same size and its modification time set back is read again
+    // (its status-change time moved), and the link uses its new content.
+    let changed = project.dir().join("mod2.o");
+    let old = std::fs::metadata(&changed).expect("mod2.o");
+    // The same module doubling by 4 instead of 2, compiled from a name of the same length.
+    let code = chain(3).sources.remove(2).1.replace("2 * x", "4 * x");
+    let variant = project.compile("mod9.c", &code);
+    let new_content = std::fs::read(project.dir().join(variant)).expect("variant");
+    assert_eq!(
+        new_content.len() as u64,
+        old.len(),
+        "the variant must keep the size"
+    );
+    std::fs::write(&changed, &new_content).expect("rewrite mod2.o");
+    let file = std::fs::File::options()
+        .write(true)
+        .open(&changed)
+        .expect("mod2.o");
+    file.set_modified(old.modified().expect("mtime"))
+        .expect("set mtime back");
+    drop(file);
+    let after = std::fs::metadata(&changed).expect("mod2.o");
+    assert_eq!(
+        (after.len(), after.modified().ok()),
+        (old.len(), old.modified().ok())
+    );
+    let (third, jobs, shard_bytes) = relink("three/app");
+    assert_ne!(third.run_program(), expected);
+    let stats = third.stats();
+    assert_eq!(stats.inputs("files_hashed"), jobs + 1, "{stats}");
+    assert_eq!(
+        stats.inputs("bytes_hashed"),
+        shard_bytes + old.len(),
+        "{stats}"
+    );
+    assert_eq!(
+        stats.inputs("files_from_digest_cache"),
+        objects.len() as u64 - 1,
+        "{stats}"
+    );
 }

@@ -1,5 +1,6 @@
-//! A persistent map from a file's identity on disk to its content digest, so that big files that do
-//! not change between links (a 185 MB compiler) are hashed once, not on every link.
+//! A persistent map from a file's identity on disk to its content digest (and, for bitcode, its LLVM
+//! module hash), so that files that do not change between links — the 185 MB compiler, the link's
+//! input objects — are hashed, or even opened, once, not on every link.
 //!
 //! A file is known by its path, device, inode, size, modification time and status-change time: any
 //! write, truncation, rename over it or `touch` changes one of them. Files modified within the last
@@ -8,9 +9,11 @@
 //! The map is one text file. Links running at once each load it, add what they hashed and write it
 //! back whole (merged with what is on disk by then) under a temporary name renamed into place, so a
 //! reader never sees a torn file; a concurrent writer's entries may be lost, which only costs a hash.
+//! Each entry records when a link last used it (to the day), so trimming keeps the ones in use.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::fs::{File, Metadata};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -24,11 +27,15 @@ use crate::reapi::digest::{self, Digest};
 /// Files changed more recently than this are hashed but not remembered.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
 
-/// Entries kept at most; beyond it, entries this process did not use are dropped first.
+/// Entries kept at most; beyond it, the least recently used are dropped.
 const MAX_ENTRIES: usize = 100_000;
 
-/// The first line of the file, naming its format.
-const HEADER: &str = "dtlto-reapi digest cache v1";
+/// An entry's last use is recorded again (which costs a save) when it is older than this.
+const USE_RESOLUTION_SECS: u64 = 24 * 60 * 60;
+
+/// The first line of the file, naming its format. v1 (in `file-digests`) had no module hash nor
+/// last use: such a file reads as an empty cache.
+const HEADER: &str = "dtlto-reapi digest cache v2";
 
 /// What identifies one version of a file on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,9 +48,17 @@ pub struct FileKey {
     ctime_ns: i64,
 }
 
+/// What is remembered of one version of a file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Remembered {
+    pub digest: Digest,
+    /// The LLVM module hash, when the file is bitcode that records one (and was read for it).
+    pub module_hash: Option<[u32; 5]>,
+}
+
 impl FileKey {
     /// The key of `path` as `meta` (its metadata, symlinks followed) describes it.
-    pub fn new(path: &Path, meta: &std::fs::Metadata) -> FileKey {
+    pub fn new(path: &Path, meta: &Metadata) -> FileKey {
         FileKey {
             path: path.to_path_buf(),
             device: meta.dev(),
@@ -54,18 +69,26 @@ impl FileKey {
         }
     }
 
-    fn to_line(&self, digest: &Digest) -> Option<Vec<u8>> {
+    /// `device inode size mtime ctime last-used hash size module-hash path`, the module hash being
+    /// 40 hex digits or `-`; the path last, since it may hold spaces.
+    fn to_line(&self, entry: &Entry) -> Option<Vec<u8>> {
         let path = self.path.as_os_str().as_bytes();
         if path.contains(&b'\n') {
             return None;
         }
+        let module_hash = match entry.remembered.module_hash {
+            Some(words) => words.iter().map(|w| format!("{w:08x}")).collect(),
+            None => "-".to_owned(),
+        };
+        let Remembered { digest, .. } = &entry.remembered;
         let mut line = format!(
-            "{} {} {} {} {} {} {} ",
+            "{} {} {} {} {} {} {} {} {module_hash} ",
             self.device,
             self.inode,
             self.size,
             self.mtime_ns,
             self.ctime_ns,
+            entry.last_used,
             digest.hash,
             digest.size_bytes
         )
@@ -75,33 +98,71 @@ impl FileKey {
         Some(line)
     }
 
-    fn from_line(line: &[u8]) -> Option<(FileKey, Digest)> {
-        let mut fields = line.splitn(8, |&b| b == b' ');
-        let mut number =
-            || -> Option<i64> { std::str::from_utf8(fields.next()?).ok()?.parse().ok() };
-        let (device, inode, size) = (number()?, number()?, number()?);
-        let (mtime_ns, ctime_ns) = (number()?, number()?);
-        let hash = std::str::from_utf8(fields.next()?).ok()?.to_owned();
-        let size_bytes = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+    fn from_line(line: &[u8]) -> Option<(FileKey, Entry)> {
+        let mut fields = line.splitn(10, |&b| b == b' ');
+        let mut text = || std::str::from_utf8(fields.next()?).ok();
+        let (device, inode, size) = (text()?.parse().ok()?, text()?.parse().ok()?, text()?);
+        let (mtime_ns, ctime_ns) = (text()?.parse().ok()?, text()?.parse().ok()?);
+        let last_used = text()?.parse().ok()?;
+        let hash = text()?.to_owned();
+        let size_bytes = text()?.parse().ok()?;
+        let module_hash = parse_module_hash(text()?)?;
         let path = PathBuf::from(OsStr::from_bytes(fields.next()?));
         let digest = Digest { hash, size_bytes };
+        let size: u64 = size.parse().ok()?;
+        let valid = digest::is_valid(&digest) && digest::size(&digest) == size;
         let key = FileKey {
             path,
-            device: u64::try_from(device).ok()?,
-            inode: u64::try_from(inode).ok()?,
-            size: u64::try_from(size).ok()?,
+            device,
+            inode,
+            size,
             mtime_ns,
             ctime_ns,
         };
-        (digest::is_valid(&digest) && digest.size_bytes == size).then_some((key, digest))
+        let remembered = Remembered {
+            digest,
+            module_hash,
+        };
+        let entry = Entry {
+            remembered,
+            last_used,
+        };
+        valid.then_some((key, entry))
     }
+}
+
+/// `-` (none: Some(None)) or 40 hex digits; None when malformed.
+fn parse_module_hash(text: &str) -> Option<Option<[u32; 5]>> {
+    if text == "-" {
+        return Some(None);
+    }
+    if text.len() != 40 || !text.is_ascii() {
+        return None;
+    }
+    let mut words = [0u32; 5];
+    for (i, word) in words.iter_mut().enumerate() {
+        *word = u32::from_str_radix(&text[i * 8..i * 8 + 8], 16).ok()?;
+    }
+    Some(Some(words))
 }
 
 #[derive(Debug)]
 struct Entry {
-    digest: Digest,
-    /// Looked up or inserted by this process (kept first when the map is trimmed).
-    used: bool,
+    remembered: Remembered,
+    /// When a link last looked it up or inserted it, in seconds since the epoch (to within
+    /// [`USE_RESOLUTION_SECS`]): trimming keeps the most recently used.
+    last_used: u64,
+}
+
+/// How [`DigestCache::get_or_read`] knew a file.
+#[derive(Debug)]
+pub struct Known {
+    pub remembered: Remembered,
+    /// The file's metadata: of the stat that found it in the cache, else of the handle it was read
+    /// through.
+    pub meta: Metadata,
+    /// Taken from the cache, without opening the file.
+    pub from_cache: bool,
 }
 
 /// The digest cache of one process, loaded from and saved to one file.
@@ -110,65 +171,105 @@ pub struct DigestCache {
     /// None: remembered by this process only (the system has no user cache directory).
     file: Option<PathBuf>,
     entries: Mutex<HashMap<FileKey, Entry>>,
-    /// Something was inserted since loading: [`DigestCache::save`] has work to do.
+    /// Something was inserted or its use recorded since loading: [`DigestCache::save`] has work.
     changed: AtomicBool,
+    /// This process's clock, in seconds since the epoch, for `last_used`.
+    now: u64,
 }
 
 impl DigestCache {
-    /// `<user cache dir>/dtlto-reapi/file-digests`.
+    /// `<user cache dir>/dtlto-reapi/file-digests-v2`: named after the format, so that a version of
+    /// dtlto-reapi that knows another format, running on the same machine (during an upgrade),
+    /// does not replace this one's file with its own at every link.
     pub fn default_file() -> Option<PathBuf> {
-        dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests"))
+        dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests-v2"))
     }
 
-    /// Loads the cache kept in `file`; a missing, unreadable or foreign file is an empty cache.
+    /// Loads the cache kept in `file`; a missing, unreadable or foreign file is an empty cache, and
+    /// malformed lines are skipped.
     pub fn open(file: Option<PathBuf>) -> DigestCache {
         let entries = file
             .as_ref()
             .and_then(|file| std::fs::read(file).ok())
             .map(|bytes| parse(&bytes))
             .unwrap_or_default();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         DigestCache {
             file,
             entries: Mutex::new(entries),
             changed: AtomicBool::new(false),
+            now,
         }
     }
 
-    /// The remembered digest of `path`, if it has not changed since.
-    pub fn lookup(&self, path: &Path, meta: &std::fs::Metadata) -> Option<Digest> {
+    /// What is remembered of `path`, if it has not changed since.
+    fn lookup(&self, path: &Path, meta: &Metadata) -> Option<Remembered> {
         let mut entries = self.entries.lock().ok()?;
         let entry = entries.get_mut(&FileKey::new(path, meta))?;
-        entry.used = true;
-        Some(entry.digest.clone())
+        if entry.last_used + USE_RESOLUTION_SECS <= self.now {
+            entry.last_used = self.now;
+            self.changed.store(true, Ordering::Relaxed);
+        }
+        Some(entry.remembered.clone())
     }
 
-    /// Remembers `digest` as the content of `path` as `meta` describes it.
-    pub fn insert(&self, path: &Path, meta: &std::fs::Metadata, digest: Digest) {
+    /// What `path` holds: remembered (one `stat`), or found by `read` through one open handle
+    /// (given the metadata of that `stat`) and remembered when the file did not change while it
+    /// was read, nor within [`RACY_WINDOW`] before.
+    pub fn get_or_read(
+        &self,
+        path: &Path,
+        read: impl FnOnce(&File, &Metadata) -> std::io::Result<Remembered>,
+    ) -> std::io::Result<Known> {
+        let before = std::fs::metadata(path)?;
+        if let Some(remembered) = self.lookup(path, &before) {
+            return Ok(Known {
+                remembered,
+                meta: before,
+                from_cache: true,
+            });
+        }
+        let file = File::open(path)?;
+        let remembered = read(&file, &before)?;
+        // The handle's own metadata: a file renamed over `path` meanwhile shows another inode.
+        let after = file.metadata()?;
+        if FileKey::new(path, &after) == FileKey::new(path, &before) && !changed_recently(&after) {
+            self.insert(path, &after, remembered.clone());
+        }
+        Ok(Known {
+            remembered,
+            meta: after,
+            from_cache: false,
+        })
+    }
+
+    /// The digest of the file at `path` and its metadata: remembered, or hashed and remembered.
+    pub fn digest_of(&self, path: &Path) -> std::io::Result<(Digest, Metadata)> {
+        let known = self.get_or_read(path, |file, _| {
+            Ok(Remembered {
+                digest: digest::of_reader(file)?,
+                module_hash: None,
+            })
+        })?;
+        Ok((known.remembered.digest, known.meta))
+    }
+
+    /// Remembers `remembered` as the content of `path` as `meta` describes it.
+    fn insert(&self, path: &Path, meta: &Metadata, remembered: Remembered) {
         if let Ok(mut entries) = self.entries.lock() {
-            let entry = Entry { digest, used: true };
+            let entry = Entry {
+                remembered,
+                last_used: self.now,
+            };
             entries.insert(FileKey::new(path, meta), entry);
             self.changed.store(true, Ordering::Relaxed);
         }
     }
 
-    /// The digest of the file at `path` and its metadata: remembered, or hashed and remembered.
-    pub fn digest_of(&self, path: &Path) -> std::io::Result<(Digest, std::fs::Metadata)> {
-        let meta = std::fs::metadata(path)?;
-        if let Some(digest) = self.lookup(path, &meta) {
-            return Ok((digest, meta));
-        }
-        let digest = digest::of_file(path)?;
-        // Remember it only when the file did not change while it was read, nor just before.
-        let unchanged = std::fs::metadata(path)
-            .is_ok_and(|after| FileKey::new(path, &after) == FileKey::new(path, &meta));
-        if unchanged && !changed_recently(&meta) {
-            self.insert(path, &meta, digest.clone());
-        }
-        Ok((digest, meta))
-    }
-
     /// Writes the cache back, merged with entries other processes saved meanwhile: to a temporary
-    /// file beside it, renamed into place. Nothing is written when nothing was inserted.
+    /// file beside it, renamed into place. Nothing is written when nothing changed.
     pub fn save(&self) -> std::io::Result<()> {
         if !self.changed.swap(false, Ordering::Relaxed) {
             return Ok(());
@@ -177,19 +278,21 @@ impl DigestCache {
             return Ok(());
         };
         if let Ok(bytes) = std::fs::read(file) {
-            for (key, entry) in parse(&bytes) {
-                entries.entry(key).or_insert(entry);
+            for (key, saved) in parse(&bytes) {
+                let entry = entries.entry(key).or_insert(Entry {
+                    remembered: saved.remembered,
+                    last_used: 0,
+                });
+                entry.last_used = entry.last_used.max(saved.last_used);
             }
         }
-        if entries.len() > MAX_ENTRIES {
-            entries.retain(|_, entry| entry.used);
-        }
+        let kept = most_recently_used(&entries, MAX_ENTRIES);
         let dir = file.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
         let mut out = std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
         writeln!(out, "{HEADER}")?;
-        for (key, entry) in entries.iter().take(MAX_ENTRIES) {
-            if let Some(line) = key.to_line(&entry.digest) {
+        for (key, entry) in kept {
+            if let Some(line) = key.to_line(entry) {
                 out.write_all(&line)?;
             }
         }
@@ -200,27 +303,31 @@ impl DigestCache {
 }
 
 fn parse(bytes: &[u8]) -> HashMap<FileKey, Entry> {
-    let mut lines = bytes.split(|&b| b == b'\n');
-    if lines.next() != Some(HEADER.as_bytes()) {
+    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+    // Empty after the final newline; a line cut short (no newline) is never trusted.
+    lines.pop();
+    if lines.first() != Some(&HEADER.as_bytes()) {
         return HashMap::new();
     }
-    lines
-        .filter_map(FileKey::from_line)
-        .map(|(key, digest)| {
-            (
-                key,
-                Entry {
-                    digest,
-                    used: false,
-                },
-            )
-        })
+    lines[1..]
+        .iter()
+        .filter_map(|line| FileKey::from_line(line))
         .collect()
+}
+
+/// At most `max` of `entries`, the most recently used.
+fn most_recently_used(entries: &HashMap<FileKey, Entry>, max: usize) -> Vec<(&FileKey, &Entry)> {
+    let mut kept: Vec<(&FileKey, &Entry)> = entries.iter().collect();
+    if kept.len() > max {
+        kept.sort_unstable_by_key(|(_, entry)| std::cmp::Reverse(entry.last_used));
+        kept.truncate(max);
+    }
+    kept
 }
 
 /// Whether the file's content or status changed within [`RACY_WINDOW`] (or in the future): a
 /// write in the same timestamp tick as the hashing would then go unnoticed.
-fn changed_recently(meta: &std::fs::Metadata) -> bool {
+fn changed_recently(meta: &Metadata) -> bool {
     // The status-change time too, which `touch -m` cannot set back.
     let ctime = u64::try_from(meta.ctime())
         .ok()
@@ -234,6 +341,13 @@ fn changed_recently(meta: &std::fs::Metadata) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn remembered(bytes: &[u8], module_hash: Option<[u32; 5]>) -> Remembered {
+        Remembered {
+            digest: digest::of_bytes(bytes),
+            module_hash,
+        }
+    }
 
     #[test]
     fn remembers_across_processes_and_forgets_changed_files() {
@@ -249,19 +363,30 @@ mod tests {
         assert!(cache.lookup(&file, &meta).is_none());
 
         // What is inserted is saved and found by the next process, for this file version only.
-        cache.insert(&file, &meta, digest::of_bytes(b"abc"));
+        cache.insert(&file, &meta, remembered(b"abc", None));
         cache.save().unwrap();
         let again = DigestCache::open(Some(store.clone()));
-        assert_eq!(again.lookup(&file, &meta), Some(digest::of_bytes(b"abc")));
+        assert_eq!(again.lookup(&file, &meta), Some(remembered(b"abc", None)));
         assert!(again.lookup(&dir.path().join("elsewhere"), &meta).is_none());
+        let known = again.get_or_read(&file, |_, _| panic!("read")).unwrap();
+        assert!(known.from_cache);
         std::fs::write(&file, b"abd").unwrap();
         let changed = std::fs::metadata(&file).unwrap();
         assert!(again.lookup(&file, &changed).is_none());
         assert_eq!(again.digest_of(&file).unwrap().0, digest::of_bytes(b"abd"));
+        // Just changed: read again each time, never served from the cache.
+        let known = again.get_or_read(&file, |file, meta| {
+            assert_eq!(meta.len(), 3);
+            Ok(remembered(
+                &std::io::read_to_string(file)?.into_bytes(),
+                None,
+            ))
+        });
+        assert!(!known.unwrap().from_cache);
 
         // Saving merges with what another process saved meanwhile.
         let other = DigestCache::open(Some(store.clone()));
-        other.insert(&file, &changed, digest::of_bytes(b"abd"));
+        other.insert(&file, &changed, remembered(b"abd", None));
         other.save().unwrap();
         again.save().unwrap();
         let merged = DigestCache::open(Some(store));
@@ -270,24 +395,101 @@ mod tests {
     }
 
     #[test]
-    fn foreign_or_damaged_files_are_empty_caches() {
+    fn module_hashes_survive_a_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("file-digests");
+        let (a, b) = (dir.path().join("a.o"), dir.path().join("b.o"));
+        std::fs::write(&a, b"bitcode").unwrap();
+        std::fs::write(&b, b"other").unwrap();
+        let (meta_a, meta_b) = (a.metadata().unwrap(), b.metadata().unwrap());
+        let hash = [0, 1, 0xdead_beef, u32::MAX, 0x0123_4567];
+        let cache = DigestCache::open(Some(store.clone()));
+        cache.insert(&a, &meta_a, remembered(b"bitcode", Some(hash)));
+        cache.insert(&b, &meta_b, remembered(b"other", None));
+        cache.save().unwrap();
+        let again = DigestCache::open(Some(store));
+        assert_eq!(again.lookup(&a, &meta_a).unwrap().module_hash, Some(hash));
+        assert_eq!(again.lookup(&b, &meta_b).unwrap().module_hash, None);
+    }
+
+    #[test]
+    fn foreign_old_or_damaged_files_are_empty_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let entries = |cache: &DigestCache| cache.entries.lock().unwrap().len();
         std::fs::write(&store, b"something else\n1 2 3\n").unwrap();
-        assert!(
-            DigestCache::open(Some(store.clone()))
-                .entries
-                .lock()
-                .unwrap()
-                .is_empty()
-        );
-        // Only the well-formed line whose digest size matches the file size survives.
+        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+        std::fs::write(&store, [0xff, 0, 0x80, b'\n', 7]).unwrap();
+        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+
+        // A version-1 file, whose lines lack the module hash and last use, is an empty cache.
         let hash = "a".repeat(64);
-        let lines = format!("{HEADER}\n1 2 3 4 5 {hash} 3 /p q\n1 2 4 4 5 {hash} 3 /r\n1 2 x\n");
+        let v1 = format!("dtlto-reapi digest cache v1\n1 2 3 4 5 {hash} 3 /p\n");
+        std::fs::write(&store, v1).unwrap();
+        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+
+        // Only the well-formed line whose digest size matches the file size survives: not one
+        // with another size, a short or non-hex module hash, missing fields, or one cut short.
+        let module = "0123456789abcdef0123456789abcdef01234567";
+        let lines = format!(
+            "{HEADER}\n1 2 3 4 5 6 {hash} 3 {module} /p q\n1 2 4 4 5 6 {hash} 3 - /r\n\
+             1 2 3 4 5 6 {hash} 3 0123 /s\n1 2 3 4 5 6 {hash} 3 {} /t\n1 2 x\n\
+             1 2 3 4 5 6 {hash} 3 - /u\n1 2 3 4 5 6 {hash} 3 - /truncated",
+            "g".repeat(40)
+        );
         std::fs::write(&store, lines).unwrap();
         let cache = DigestCache::open(Some(store));
         let entries = cache.entries.lock().unwrap();
-        assert_eq!(entries.len(), 1);
-        assert!(entries.keys().all(|k| k.path == Path::new("/p q")));
+        let mut paths: Vec<&Path> = entries.keys().map(|k| k.path.as_path()).collect();
+        paths.sort();
+        assert_eq!(paths, [Path::new("/p q"), Path::new("/u")]);
+    }
+
+    #[test]
+    fn trimming_keeps_the_most_recently_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"abc").unwrap();
+        let meta = file.metadata().unwrap();
+        let entries: HashMap<FileKey, Entry> = (0..10u64)
+            .map(|day| {
+                let key = FileKey::new(&dir.path().join(day.to_string()), &meta);
+                let entry = Entry {
+                    remembered: remembered(b"abc", None),
+                    last_used: day * USE_RESOLUTION_SECS,
+                };
+                (key, entry)
+            })
+            .collect();
+        let mut kept: Vec<u64> = most_recently_used(&entries, 3)
+            .iter()
+            .map(|(_, e)| e.last_used / USE_RESOLUTION_SECS)
+            .collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [7, 8, 9]);
+        assert_eq!(most_recently_used(&entries, 20).len(), 10);
+    }
+
+    #[test]
+    fn a_lookup_records_the_use_at_most_once_a_day() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"abc").unwrap();
+        let meta = file.metadata().unwrap();
+        let cache = DigestCache::open(Some(store.clone()));
+        cache.insert(&file, &meta, remembered(b"abc", None));
+        cache.save().unwrap();
+        // Used today: looking it up again writes nothing.
+        let again = DigestCache::open(Some(store.clone()));
+        assert!(again.lookup(&file, &meta).is_some());
+        assert!(!again.changed.load(Ordering::Relaxed));
+        // Last used long ago: the use is recorded.
+        let old = std::fs::read_to_string(&store).unwrap();
+        let now = format!(" {} ", cache.now);
+        std::fs::write(&store, old.replacen(&now, " 1000 ", 1)).unwrap();
+        let later = DigestCache::open(Some(store));
+        assert!(later.lookup(&file, &meta).is_some());
+        assert!(later.changed.load(Ordering::Relaxed));
     }
 }

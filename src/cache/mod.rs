@@ -4,7 +4,7 @@
 //!
 //! [`DiskCache`] is a content-addressed store plus an action cache in a directory, shared safely by
 //! every link that runs on the machine at once; [`DigestCache`] remembers the digests of files that
-//! do not change between links (the compiler), so they are not hashed again.
+//! do not change between links (the compiler, the link's input objects), so they are not hashed again.
 
 pub mod digest_cache;
 pub mod disk;

@@ -24,6 +24,7 @@ use crate::cache::DiskCache;
 use crate::jobs::{Job, JobFile};
 use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
+use crate::plan::digests::HashingStats;
 use crate::plan::planner::Planner;
 use crate::reapi::{self, Digest, TransferStats};
 use crate::report::{JobRecord, Ran, Reporter, Status, ToolchainReport};
@@ -241,6 +242,11 @@ impl Runner {
     /// The remote client's transfer counters, in the remote modes.
     pub fn transfers(&self) -> Option<TransferStats> {
         self.remote.as_ref().map(|r| r.client().stats())
+    }
+
+    /// How the link's input files were hashed, when Actions were planned.
+    pub fn input_hashing(&self) -> Option<HashingStats> {
+        Some(self.planner.as_ref()?.input_hashing())
     }
 
     /// The link's compiler and what was uploaded of it, when Actions were planned.

@@ -4,13 +4,20 @@
 //! hashing per job would hash the popular modules hundreds of times. All input files of the link are
 //! hashed up front by a few threads; the planner then only looks digests up. The same pass reads each
 //! module's own hash (MODULE_CODE_HASH), which the canonical layout matches index-shard entries by.
+//! Both are remembered in the [`DigestCache`], so an input unchanged since an earlier link costs one
+//! `stat`.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use serde::Serialize;
+
+use crate::cache::DigestCache;
+use crate::cache::digest_cache::Remembered;
 use crate::reapi::digest::{self, Digest};
 
 /// What the planner needs to know of an input file.
@@ -26,24 +33,53 @@ pub struct FileInfo {
 /// and get no module hash (their shard entries are then matched by path).
 const READ_WHOLE_LIMIT: u64 = 64 << 20;
 
+/// How the link's input files were known (`--stats-json` `inputs`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HashingStats {
+    /// Files read and hashed, and their bytes.
+    pub files_hashed: u64,
+    pub bytes_hashed: u64,
+    /// Files whose digests the digest cache remembered (not opened), and their bytes.
+    pub files_from_digest_cache: u64,
+    pub bytes_from_digest_cache: u64,
+}
+
+impl HashingStats {
+    fn count(&mut self, bytes: u64, from_cache: bool) {
+        if from_cache {
+            self.files_from_digest_cache += 1;
+            self.bytes_from_digest_cache += bytes;
+        } else {
+            self.files_hashed += 1;
+            self.bytes_hashed += bytes;
+        }
+    }
+}
+
 /// Digests of every input file of a link, keyed by the path as the job file names it.
 #[derive(Debug, Default)]
 pub struct FileDigests {
     files: HashMap<PathBuf, FileInfo>,
+    stats: HashingStats,
 }
 
 impl FileDigests {
-    /// Hashes every distinct path in `paths` with up to `threads` threads. Fails on the first file that
-    /// cannot be read, naming it.
+    /// Knows every distinct path in `paths`, from `cache` or by hashing it (then remembered in
+    /// `cache`), with up to `threads` threads. Fails on the first file that cannot be read, naming
+    /// it.
     pub fn compute<'a>(
         paths: impl IntoIterator<Item = &'a Path>,
         threads: usize,
+        cache: &DigestCache,
     ) -> Result<FileDigests, String> {
         let mut unique: Vec<&Path> = paths.into_iter().collect();
         unique.sort();
         unique.dedup();
         let next = AtomicUsize::new(0);
-        let results = Mutex::new(HashMap::with_capacity(unique.len()));
+        let known = Mutex::new((
+            HashMap::with_capacity(unique.len()),
+            HashingStats::default(),
+        ));
         let first_error = Mutex::new(None);
         std::thread::scope(|scope| {
             for _ in 0..threads.clamp(1, unique.len().max(1)) {
@@ -51,10 +87,11 @@ impl FileDigests {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(path) = unique.get(i) else { break };
-                        match hash_file(path) {
-                            Ok(info) => {
-                                if let Ok(mut r) = results.lock() {
-                                    r.insert(path.to_path_buf(), info);
+                        match know_file(path, cache) {
+                            Ok((info, from_cache)) => {
+                                if let Ok(mut known) = known.lock() {
+                                    known.1.count(digest::size(&info.digest), from_cache);
+                                    known.0.insert(path.to_path_buf(), info);
                                 }
                             }
                             Err(e) => {
@@ -71,35 +108,47 @@ impl FileDigests {
         if let Some(e) = first_error.into_inner().ok().flatten() {
             return Err(e);
         }
-        Ok(FileDigests {
-            files: results.into_inner().unwrap_or_default(),
-        })
+        let (files, stats) = known.into_inner().unwrap_or_default();
+        Ok(FileDigests { files, stats })
     }
 
     /// The digest of a file given to [`FileDigests::compute`].
     pub fn get(&self, path: &Path) -> Option<&FileInfo> {
         self.files.get(path)
     }
+
+    /// How many files and bytes were hashed, and how many the digest cache knew.
+    pub fn stats(&self) -> HashingStats {
+        self.stats
+    }
 }
 
-fn hash_file(path: &Path) -> Result<FileInfo, String> {
-    let error = |e: std::io::Error| format!("{}: {e}", path.display());
-    let meta = std::fs::metadata(path).map_err(error)?;
-    let executable = meta.permissions().mode() & 0o111 != 0;
-    if meta.len() > READ_WHOLE_LIMIT {
-        let digest = digest::of_file(path).map_err(error)?;
-        return Ok(FileInfo {
-            digest,
-            executable,
-            module_hash: None,
-        });
-    }
-    let bytes = std::fs::read(path).map_err(error)?;
-    Ok(FileInfo {
-        digest: digest::of_bytes(&bytes),
-        executable,
-        module_hash: crate::bitcode::module_hash(&bytes).ok().flatten(),
-    })
+/// The file's digests and whether they came from `cache`: one `stat` when remembered, else read
+/// through one handle (whole, or streaming when large).
+fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), String> {
+    let known = cache
+        .get_or_read(path, |file, meta| {
+            if meta.len() > READ_WHOLE_LIMIT {
+                return Ok(Remembered {
+                    digest: digest::of_reader(file)?,
+                    module_hash: None,
+                });
+            }
+            let mut bytes = Vec::with_capacity(meta.len() as usize);
+            // Through `take`, which spares the size probe (two more system calls) `File` makes.
+            file.take(u64::MAX).read_to_end(&mut bytes)?;
+            Ok(Remembered {
+                digest: digest::of_bytes(&bytes),
+                module_hash: crate::bitcode::module_hash(&bytes).ok().flatten(),
+            })
+        })
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let info = FileInfo {
+        digest: known.remembered.digest,
+        executable: known.meta.permissions().mode() & 0o111 != 0,
+        module_hash: known.remembered.module_hash,
+    };
+    Ok((info, known.from_cache))
 }
 
 #[cfg(test)]
@@ -114,12 +163,14 @@ mod tests {
         let b = dir.path().join("b.o");
         std::fs::write(&b, b"abc").unwrap();
         std::fs::set_permissions(&b, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let digests = FileDigests::compute([a.as_path(), b.as_path(), a.as_path()], 4).unwrap();
+        let cache = DigestCache::open(None);
+        let digests =
+            FileDigests::compute([a.as_path(), b.as_path(), a.as_path()], 4, &cache).unwrap();
         assert_eq!(digests.get(&a).unwrap().digest, digest::of_bytes(b"abc"));
         assert!(!digests.get(&a).unwrap().executable);
         assert!(digests.get(&b).unwrap().executable);
         let missing = dir.path().join("gone.o");
-        let err = FileDigests::compute([a.as_path(), missing.as_path()], 2).unwrap_err();
+        let err = FileDigests::compute([a.as_path(), missing.as_path()], 2, &cache).unwrap_err();
         assert!(err.contains("gone.o"), "{err}");
     }
 }

@@ -403,7 +403,12 @@ mod tests {
             }],
         };
         let job = &file.jobs[0];
-        let digests = FileDigests::compute(job.inputs.iter().map(PathBuf::as_path), 1).unwrap();
+        let digests = FileDigests::compute(
+            job.inputs.iter().map(PathBuf::as_path),
+            1,
+            &crate::cache::DigestCache::open(None),
+        )
+        .unwrap();
         canonical(&file, job, &digests).unwrap()
     }
 

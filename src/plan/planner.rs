@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 
 use super::action::{self, ActionOptions, ActionSpec};
-use super::digests::FileDigests;
+use super::digests::{FileDigests, HashingStats};
 use super::layout::{self, LayoutKind, NotRemotable};
 use super::toolchain::{ModeRequest, Toolchain};
 use crate::cache::DigestCache;
@@ -37,9 +37,9 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// Resolves the compiler (remembering its digests across links) and hashes every input file
-    /// of the link (on blocking threads, `--jobs` at once). `legacy_output_files` is for servers
-    /// older than REAPI 2.1.
+    /// Resolves the compiler and hashes every input file of the link (on blocking threads, `--jobs`
+    /// at once), remembering the digests of both across links in the digest cache.
+    /// `legacy_output_files` is for servers older than REAPI 2.1.
     pub async fn new(
         job_file: Arc<JobFile>,
         settings: &Settings,
@@ -48,20 +48,28 @@ impl Planner {
         let platform = platform_properties(settings)?;
         let threads = settings.jobs;
         let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
+        // One digest cache for the compiler's files and the link's inputs: opened once, shared by
+        // both, saved once (a lost save only costs hashing again next time).
+        let cache = tokio::task::spawn_blocking(|| {
+            Arc::new(DigestCache::open(DigestCache::default_file()))
+        })
+        .await?;
         let job_file_for_toolchain = job_file.clone();
+        let cache_for_toolchain = cache.clone();
         let toolchain = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
-            let digests = DigestCache::open(DigestCache::default_file());
             let request = ModeRequest {
                 toolchain: request,
                 remote_compiler: remote_compiler.as_deref(),
             };
-            let resolved =
-                Toolchain::resolve(&job_file_for_toolchain.common_args, request, &digests);
-            // Losing the cache only costs hashing the compiler again next time.
-            let _ = digests.save();
+            let resolved = Toolchain::resolve(
+                &job_file_for_toolchain.common_args,
+                request,
+                &cache_for_toolchain,
+            );
             resolved.map(|(toolchain, warning)| (toolchain, warning, started.elapsed()))
         });
+        let cache_for_inputs = cache.clone();
         let digests = tokio::task::spawn_blocking(move || {
             let paths = job_file
                 .jobs
@@ -69,13 +77,14 @@ impl Planner {
                 .flat_map(|j| j.inputs.iter())
                 .chain(&job_file.common_inputs)
                 .map(PathBuf::as_path);
-            FileDigests::compute(paths, threads)
+            FileDigests::compute(paths, threads, &cache_for_inputs)
         })
-        .await?
-        .map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
-        let (toolchain, toolchain_warning, toolchain_time) = toolchain
-            .await?
-            .map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
+        .await?;
+        let toolchain = toolchain.await?;
+        let _ = tokio::task::spawn_blocking(move || cache.save()).await?;
+        let digests = digests.map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
+        let (toolchain, toolchain_warning, toolchain_time) =
+            toolchain.map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
         let toolchain_blobs: Arc<[Blob]> = toolchain
             .inputs()
             .into_iter()
@@ -100,6 +109,11 @@ impl Planner {
     /// The link's compiler, as every Action records it.
     pub fn toolchain(&self) -> &Toolchain {
         &self.options.toolchain
+    }
+
+    /// How many input bytes were hashed, and how many the digest cache knew.
+    pub fn input_hashing(&self) -> HashingStats {
+        self.digests.stats()
     }
 
     /// How long identifying the compiler took.

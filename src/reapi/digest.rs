@@ -26,7 +26,11 @@ pub fn of_bytes(data: &[u8]) -> Digest {
 /// The digest of the file at `path`, read in chunks. Blocking: call it from `spawn_blocking` or a
 /// thread of its own when hashing many files.
 pub fn of_file(path: &Path) -> io::Result<Digest> {
-    let mut file = std::fs::File::open(path)?;
+    of_reader(std::fs::File::open(path)?)
+}
+
+/// The digest of everything `reader` yields, read in chunks (e.g. through an open file handle).
+pub fn of_reader(mut file: impl Read) -> io::Result<Digest> {
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; FILE_BUFFER];
     let mut size = 0u64;

@@ -207,6 +207,7 @@ impl Project {
             inputs: None,
             stats_json: false,
             compiler: None,
+            env: Vec::new(),
         }
     }
 }
@@ -224,9 +225,18 @@ pub struct Link<'p> {
     /// The backend compiler and the arguments lld puts before the compile's own; default: the
     /// toolchain's real compiler executable ([`tools::Toolchain::compiler`]).
     compiler: Option<(PathBuf, Vec<String>)>,
+    /// Environment variables set for the link (and so for the distributor).
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Link<'_> {
+    /// Sets the environment variable `name` for the link, the distributor and its compiles.
+    pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env
+            .push((name.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
     /// Links `inputs` instead of the project's own inputs.
     pub fn inputs(mut self, inputs: Vec<PathBuf>) -> Self {
         self.inputs = Some(inputs);
@@ -332,6 +342,7 @@ impl Link<'_> {
         for arg in &self.linker_args {
             cmd.arg("-Xlinker").arg(arg);
         }
+        cmd.envs(self.env.iter().map(|(name, value)| (name, value)));
         let out = run(&mut cmd);
         Linked::from_run(&cmd, out, output, stats_path)
     }
@@ -545,6 +556,13 @@ impl Stats {
         self.0["transfers"][counter]
             .as_u64()
             .unwrap_or_else(|| panic!("no transfers.{counter} in {self}"))
+    }
+
+    /// A counter of `inputs` (`files_hashed`, `bytes_from_digest_cache`, ...).
+    pub fn inputs(&self, counter: &str) -> u64 {
+        self.0["inputs"][counter]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no inputs.{counter} in {self}"))
     }
 }
 
