@@ -14,7 +14,8 @@ use tonic::Code;
 
 use crate::cache::DigestCache;
 use crate::executor::remote::{connection_options, remote_times};
-use crate::plan::action::{environment, platform};
+use crate::plan::action::platform;
+use crate::plan::environment::Environment;
 use crate::plan::merkle::{TreeFile, build_tree};
 use crate::plan::planner::platform_properties;
 use crate::plan::toolchain::{ModeRequest, Toolchain, ToolchainMode};
@@ -388,9 +389,10 @@ async fn checked_compiler(
         remote_compiler: None,
     };
     let args = vec![path_text.clone()];
+    let environment = compile_environment(settings)?;
     let resolved = tokio::task::spawn_blocking(move || {
         let digests = DigestCache::open(DigestCache::default_file());
-        let resolved = Toolchain::resolve(&args, request, &digests);
+        let resolved = Toolchain::resolve(&args, request, &environment, &digests);
         // Losing the cache only costs hashing the compiler again next time.
         let _ = digests.save();
         resolved
@@ -414,6 +416,11 @@ async fn checked_compiler(
     }
 }
 
+/// The environment a link's compiles get (`--pass-env`).
+fn compile_environment(settings: &Settings) -> Result<Environment, Failure> {
+    Environment::new(&settings.pass_env).map_err(|e| Failure::new(e, "fix --pass-env"))
+}
+
 /// Runs `COMPILER --version` on a worker, as a link's actions would run the compiler: uploaded
 /// with the action (upload mode) or at its path on the worker (worker mode).
 async fn execution(
@@ -426,7 +433,8 @@ async fn execution(
     let compiler = checked_compiler(settings, compiler, prepend).await?;
     let properties = platform_properties(settings)
         .map_err(|e| Failure::new(format!("{e:#}"), "fix --platform"))?;
-    let (action, blobs) = version_action(&compiler, &properties)
+    let environment = compile_environment(settings)?;
+    let (action, blobs) = version_action(&compiler, &properties, &environment)
         .map_err(|e| Failure::new(format!("building the action: {e}"), "report this as a bug"))?;
     let unexpected = |e: ReapiError| {
         let advice = match e.code() {
@@ -531,6 +539,7 @@ async fn output_of(
 fn version_action(
     compiler: &CheckedCompiler,
     properties: &[(String, String)],
+    environment: &Environment,
 ) -> Result<(Digest, Vec<Blob>), String> {
     let platform = platform(properties);
     #[allow(deprecated)] // Command.platform: as links set it, for servers that read it there
@@ -541,7 +550,7 @@ fn version_action(
             .cloned()
             .chain(["--version".to_owned()])
             .collect(),
-        environment_variables: environment(),
+        environment_variables: environment.to_command(),
         platform: platform.clone(),
         ..Default::default()
     };

@@ -63,6 +63,8 @@ pub struct Settings {
     pub remote_compiler: Option<String>,
     /// None: upload where possible.
     pub toolchain: Option<ToolchainMode>,
+    /// Variables of this environment that every compile gets (and every Action key holds).
+    pub pass_env: Vec<String>,
     pub remote_jobs: usize,
     pub remote_timeout: u64,
     pub remote_execute_timeout: u64,
@@ -108,6 +110,7 @@ impl Settings {
             platform: layers.platform.unwrap_or_default(),
             remote_compiler: layers.remote_compiler,
             toolchain: layers.toolchain,
+            pass_env: layers.pass_env.unwrap_or_default(),
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
             remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
             remote_execute_timeout: layers
@@ -265,6 +268,13 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_TOOLCHAIN", value_name = "MODE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub toolchain: Option<ToolchainMode>,
+
+    /// Variable of the distributor's environment that every compile gets, local and remote, with
+    /// its value in every Action key (e.g. a licence server's address); compiles otherwise run
+    /// with a fixed environment (repeatable)
+    #[arg(long, env = "DTLTO_REAPI_PASS_ENV", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pass_env: Option<Vec<String>>,
 
     /// Remote actions in flight at once [default: 200]
     #[arg(long, env = "DTLTO_REAPI_REMOTE_JOBS", value_name = "N")]

@@ -4,9 +4,14 @@
 //! so it takes care of the things every mode needs from a local run: outputs written under staged
 //! names and moved into place only on success, the compiler's output captured for the reporter, and
 //! prompt termination of the child when the link is cancelled (and its death with the distributor,
-//! see `child`).
+//! see `child`). And it runs the computation the job's Action describes, whatever the distributor's
+//! own surroundings: the compiler the Action identifies, with the Action's environment (nothing of
+//! the distributor's), from the link's working directory — so a result stored under the Action's
+//! key, in the disk cache or the shared cache, is what a worker would have made.
 
+use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::process::Command;
@@ -16,6 +21,37 @@ use super::child::Spawner;
 use crate::jobs::{Job, JobFile};
 use crate::output::StagedOutputs;
 use crate::plan::args::rewrite_args;
+use crate::plan::environment::Environment;
+use crate::plan::toolchain;
+
+/// How every local compile of a link starts.
+#[derive(Debug, Clone)]
+pub struct LocalSetup {
+    /// The compiler's file (`common.args[0]` found as the planner finds it), absolute.
+    program: PathBuf,
+    environment: Arc<Environment>,
+    /// The link's working directory, which the job file's relative paths are relative to.
+    working_directory: PathBuf,
+}
+
+impl LocalSetup {
+    /// The setup of `job_file`'s compiles, run from `working_directory` (absolute) with
+    /// `environment`.
+    pub fn new(
+        job_file: &JobFile,
+        environment: Arc<Environment>,
+        working_directory: PathBuf,
+    ) -> LocalSetup {
+        // A compiler that cannot be found is reported when the first compile cannot start.
+        let program = toolchain::locate(std::path::Path::new(job_file.compiler()))
+            .unwrap_or_else(|_| job_file.compiler().into());
+        LocalSetup {
+            program: working_directory.join(program),
+            environment,
+            working_directory,
+        }
+    }
+}
 
 /// How a local compile ended.
 #[derive(Debug)]
@@ -40,6 +76,7 @@ const TERMINATE_GRACE: Duration = Duration::from_millis(500);
 pub async fn run_job(
     job_file: &JobFile,
     job: &Job,
+    setup: &LocalSetup,
     spawner: &Spawner,
     cancel: &CancellationToken,
 ) -> LocalOutcome {
@@ -58,8 +95,11 @@ pub async fn run_job(
             .staged_path_of(arg.as_ref())
             .map(|p| p.to_string_lossy().into_owned())
     });
-    let mut command = Command::new(job_file.compiler());
+    let mut command = Command::new(&setup.program);
     command
+        .env_clear()
+        .envs(setup.environment.vars().iter().map(|(n, v)| (n, v)))
+        .current_dir(&setup.working_directory)
         .args(&job_file.common_args[1..])
         .args(&args)
         .stdin(Stdio::null())

@@ -25,6 +25,7 @@ use crate::jobs::{Job, JobFile};
 use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
 use crate::plan::digests::HashingStats;
+use crate::plan::environment::Environment;
 use crate::plan::planner::Planner;
 use crate::reapi::{self, Digest, TransferStats};
 use crate::report::{JobRecord, Ran, Reporter, Status, ToolchainReport};
@@ -123,14 +124,16 @@ fn biggest_first(jobs: &[Job]) -> Vec<Job> {
 /// run many more jobs at once than this machine has cores).
 pub struct LocalRunner {
     slots: Semaphore,
+    setup: local::LocalSetup,
     spawner: child::Spawner,
 }
 
 impl LocalRunner {
     /// Must be called within the run's runtime (it starts the thread that forks the compiles).
-    pub fn new(jobs: usize) -> std::io::Result<LocalRunner> {
+    pub fn new(jobs: usize, setup: local::LocalSetup) -> std::io::Result<LocalRunner> {
         Ok(LocalRunner {
             slots: Semaphore::new(jobs.max(1)),
+            setup,
             spawner: child::Spawner::new()?,
         })
     }
@@ -151,7 +154,8 @@ impl LocalRunner {
                 ctx.job_file.command(&job).join(" ")
             )
         });
-        let outcome = local::run_job(&ctx.job_file, &job, &self.spawner, &ctx.cancel).await;
+        let outcome =
+            local::run_job(&ctx.job_file, &job, &self.setup, &self.spawner, &ctx.cancel).await;
         let wall = started.elapsed();
         match outcome {
             local::LocalOutcome::Succeeded { output } => {
@@ -207,12 +211,23 @@ impl Runner {
             None => None,
             Some(dir) => open_disk_cache(ctx, dir, settings.disk_cache_max_size).await,
         };
+        // Every compile's environment, local or remote: the one its Action declares.
+        let environment =
+            Arc::new(Environment::new(&settings.pass_env).map_err(anyhow::Error::msg)?);
+        let cwd = std::env::current_dir().context("reading the working directory")?;
         let planner = if remote.is_some() || disk.is_some() {
             let legacy = remote
                 .as_ref()
                 .is_some_and(RemoteExecutor::legacy_output_files);
             let _phase = trace::link_phase(ctx.trace.as_ref(), "hash inputs");
-            let planner = Planner::new(ctx.job_file.clone(), settings, legacy).await?;
+            let planner = Planner::new(
+                ctx.job_file.clone(),
+                settings,
+                environment.clone(),
+                cwd.clone(),
+                legacy,
+            )
+            .await?;
             announce_toolchain(ctx, settings, &planner);
             Some(Arc::new(planner))
         } else {
@@ -222,8 +237,11 @@ impl Runner {
             planner,
             remote,
             disk,
-            local: LocalRunner::new(settings.jobs)
-                .context("cannot start the thread that runs local compiles")?,
+            local: LocalRunner::new(
+                settings.jobs,
+                local::LocalSetup::new(&ctx.job_file, environment, cwd),
+            )
+            .context("cannot start the thread that runs local compiles")?,
         })
     }
 
@@ -311,7 +329,7 @@ impl Runner {
         let planned = tokio::task::spawn_blocking(move || {
             let warn_once = |cause: &'static str, text: &str| ctx.reporter.warn_once(cause, text);
             planner
-                .plan(&ctx.job_file, &job, &warn_once)
+                .plan(&job, &warn_once)
                 .map_err(|e| {
                     let detail = format!(
                         "{}: {}; such jobs run locally, uncached",

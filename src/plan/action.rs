@@ -1,30 +1,26 @@
 //! The REAPI Action of a job: its Command, its input root and the blobs to upload for it.
 //!
 //! Everything that goes into the Action digest is derived from the job's content and the user's
-//! remote settings: arguments with every file renamed by the layout, a fixed environment (never the
-//! user's), sorted platform properties, the input root's digest. So the same module with the same
+//! remote settings: arguments with every file renamed by the layout, the environment of every
+//! compile (`environment`: fixed, plus what `--pass-env` names), sorted platform properties, the
+//! input root's digest. So the same module with the same
 //! imports, flags and compiler gives the same digest on every link and every machine.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    Action, Command, Platform, command, platform,
-};
+use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, Platform, platform};
 use serde::{Deserialize, Serialize};
 
 use super::args::rewrite_args;
 use super::digests::FileDigests;
+use super::environment::Environment;
 use super::layout::{Layout, LayoutKind, SHARD_NAME};
 use super::merkle::{TreeFile, build_tree};
 use super::toolchain::{Toolchain, ToolchainIdentity, ToolchainMode};
 use crate::jobs::{Job, JobFile};
 use crate::reapi::digest::{self, Digest};
 use crate::reapi::{Blob, BlobSource};
-
-/// The environment of every remote compile: fixed, so that it never varies with the user's shell and
-/// never leaks it. clang needs nothing from it; `PATH` serves a compiler given by a relative name.
-const ENVIRONMENT: &[(&str, &str)] = &[("LC_ALL", "C"), ("PATH", "/usr/local/bin:/usr/bin:/bin")];
 
 /// Remote settings that shape every Action.
 #[derive(Debug, Clone)]
@@ -37,6 +33,8 @@ pub struct ActionOptions {
     pub remote_compiler: Option<String>,
     /// Platform properties, set on both the Command and the Action.
     pub platform: Vec<(String, String)>,
+    /// The environment of every compile, local or remote.
+    pub environment: Arc<Environment>,
     /// Use the pre-2.1 `output_files` field instead of `output_paths`.
     pub legacy_output_files: bool,
 }
@@ -56,17 +54,6 @@ pub struct ActionSpec {
     pub toolchain_blobs: Arc<[Blob]>,
     /// What the Action digest is made of, for `dtlto-reapi explain`.
     pub parts: ActionParts,
-}
-
-/// The environment of every remote command.
-pub fn environment() -> Vec<command::EnvironmentVariable> {
-    ENVIRONMENT
-        .iter()
-        .map(|(name, value)| command::EnvironmentVariable {
-            name: (*name).to_owned(),
-            value: (*value).to_owned(),
-        })
-        .collect()
 }
 
 /// The platform of `properties`, sorted as REAPI requires; `None` without any.
@@ -191,7 +178,7 @@ pub fn build(
     #[allow(deprecated)] // output_files is what servers below API 2.1 understand
     let command = Command {
         arguments,
-        environment_variables: environment(),
+        environment_variables: options.environment.to_command(),
         output_files: if options.legacy_output_files {
             output_names.clone()
         } else {

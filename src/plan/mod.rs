@@ -4,6 +4,7 @@
 pub mod action;
 pub mod args;
 pub mod digests;
+pub mod environment;
 pub mod layout;
 pub mod merkle;
 pub mod planner;

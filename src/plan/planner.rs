@@ -3,16 +3,20 @@
 //!
 //! The planner hashes every input of the link once, up front, then per job chooses a layout
 //! (canonical when asked for and possible, else mirror, with one warning per cause) and builds the
-//! Action. A job that cannot be expressed as an Action at all runs locally, uncached. Planning reads
-//! and rewrites files (index shards), so it is blocking work: callers run it on the blocking pool.
+//! Action. A job that cannot be expressed as an Action at all runs locally, uncached: so do all jobs
+//! of a link whose shared arguments name something no key can describe (see `args::named_files`),
+//! while the files they name are inputs of every Action. Planning reads and rewrites files (index
+//! shards), so it is blocking work: callers run it on the blocking pool.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use super::action::{self, ActionOptions, ActionSpec};
+use super::args;
 use super::digests::{FileDigests, HashingStats};
+use super::environment::Environment;
 use super::layout::{self, LayoutKind, NotRemotable};
 use super::toolchain::{ModeRequest, Toolchain};
 use crate::cache::DigestCache;
@@ -26,6 +30,10 @@ pub type WarnOnce<'a> = &'a dyn Fn(&'static str, &str);
 
 /// What every job's planning shares.
 pub struct Planner {
+    /// The link's job file, with the files its shared arguments name among its common inputs.
+    job_file: Arc<JobFile>,
+    /// Why no job of the link can have an Action, when its shared arguments say so.
+    refused: Option<NotRemotable>,
     digests: FileDigests,
     options: ActionOptions,
     cwd: PathBuf,
@@ -39,13 +47,18 @@ pub struct Planner {
 impl Planner {
     /// Resolves the compiler and hashes every input file of the link (on blocking threads, `--jobs`
     /// at once), remembering the digests of both across links in the digest cache.
-    /// `legacy_output_files` is for servers older than REAPI 2.1.
+    /// Every Action runs with `environment`; the link runs in `cwd`. `legacy_output_files` is for
+    /// servers older than REAPI 2.1.
     pub async fn new(
         job_file: Arc<JobFile>,
         settings: &Settings,
+        environment: Arc<Environment>,
+        cwd: PathBuf,
         legacy_output_files: bool,
     ) -> Result<Planner> {
         let platform = platform_properties(settings)?;
+        let (job_file, refused) = with_named_files(job_file, &cwd);
+        let planned_job_file = job_file.clone();
         let threads = settings.jobs;
         let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
         // One digest cache for the compiler's files and the link's inputs: opened once, shared by
@@ -56,6 +69,7 @@ impl Planner {
         .await?;
         let job_file_for_toolchain = job_file.clone();
         let cache_for_toolchain = cache.clone();
+        let environment_for_toolchain = environment.clone();
         let toolchain = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
             let request = ModeRequest {
@@ -65,6 +79,7 @@ impl Planner {
             let resolved = Toolchain::resolve(
                 &job_file_for_toolchain.common_args,
                 request,
+                &environment_for_toolchain,
                 &cache_for_toolchain,
             );
             resolved.map(|(toolchain, warning)| (toolchain, warning, started.elapsed()))
@@ -91,15 +106,18 @@ impl Planner {
             .map(|(_, f)| Blob::from_file(f.local.clone(), f.digest.clone()))
             .collect();
         Ok(Planner {
+            job_file: planned_job_file,
+            refused,
             digests,
             options: ActionOptions {
                 toolchain: Arc::new(toolchain),
                 toolchain_blobs,
                 remote_compiler: settings.remote_compiler.clone(),
                 platform,
+                environment,
                 legacy_output_files,
             },
-            cwd: std::env::current_dir().context("reading the working directory")?,
+            cwd,
             layout: settings.layout,
             toolchain_warning,
             toolchain_time,
@@ -127,12 +145,11 @@ impl Planner {
     }
 
     /// The Action of `job`, or why it has none.
-    pub fn plan(
-        &self,
-        job_file: &JobFile,
-        job: &Job,
-        warn_once: WarnOnce<'_>,
-    ) -> Result<ActionSpec, NotRemotable> {
+    pub fn plan(&self, job: &Job, warn_once: WarnOnce<'_>) -> Result<ActionSpec, NotRemotable> {
+        if let Some(refused) = &self.refused {
+            return Err(refused.clone());
+        }
+        let job_file = &*self.job_file;
         let layout = self.layout(job_file, job, warn_once)?;
         action::build(job_file, job, layout, &self.digests, &self.options).map_err(|e| {
             NotRemotable {
@@ -163,6 +180,37 @@ impl Planner {
             }
         }
         layout::mirror(job_file, job, &self.cwd)
+    }
+}
+
+/// `job_file` with the files that its shared arguments name, and that it does not list, added to
+/// its common inputs (hashed, in every Action's key and input root, renamed in the arguments); or
+/// unchanged, with why no job can have an Action, when the arguments name what no key describes.
+fn with_named_files(job_file: Arc<JobFile>, cwd: &Path) -> (Arc<JobFile>, Option<NotRemotable>) {
+    let listed = |path: &str| {
+        let jobs = job_file.jobs.iter();
+        let mut files = job_file
+            .common_inputs
+            .iter()
+            .chain(jobs.flat_map(|j| j.inputs.iter().chain(&j.outputs)));
+        files.any(|file| file.as_os_str() == path)
+    };
+    match args::named_files(&job_file.common_args[1..], cwd, listed) {
+        Ok(files) if files.is_empty() => (job_file, None),
+        Ok(files) => {
+            let mut with_files = (*job_file).clone();
+            with_files
+                .common_inputs
+                .extend(files.into_iter().map(PathBuf::from));
+            (Arc::new(with_files), None)
+        }
+        Err(why) => {
+            let refused = NotRemotable {
+                cause: "argument-outside-the-key",
+                detail: format!("the backend compiles pass {why}"),
+            };
+            (job_file, Some(refused))
+        }
     }
 }
 

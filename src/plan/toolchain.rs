@@ -4,7 +4,9 @@
 //! - **Closure**: a statically linked compiler is one file. A dynamically linked one also needs its
 //!   `DT_NEEDED` libraries, resolved the way the dynamic loader would (RPATH, `LD_LIBRARY_PATH`,
 //!   RUNPATH with `$ORIGIN`, the system's library directories), and the loader itself (`PT_INTERP`).
-//!   A `#!` script is its own content only: what it runs is unknown.
+//!   A `#!` script is its own content only: what it runs is unknown. `LD_LIBRARY_PATH` is the
+//!   compiles' own (see `environment`), not the distributor's: local compiles run with that
+//!   environment, so the libraries found are the ones a local compile loads.
 //! - **Identity**: the digest of the closure as a REAPI Directory tree (`bin/<compiler>`,
 //!   `lib/<library>`), so it depends on every file's content and name, never on where the files
 //!   are on this machine.
@@ -29,6 +31,7 @@ use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{Endianness, ReadCache};
 
+use super::environment::Environment;
 use super::merkle::{TreeFile, build_tree};
 use crate::cache::DigestCache;
 use crate::reapi::digest::Digest;
@@ -98,12 +101,13 @@ pub struct ModeRequest<'a> {
 }
 
 impl Toolchain {
-    /// Resolves the link's compiler (`common_args[0]`) and its closure, hashing its files through
-    /// `digests`. Returns the toolchain and, when upload mode was wanted but is impossible, why
+    /// Resolves the link's compiler (`common_args[0]`) and its closure for compiles run with
+    /// `environment`, hashing its files through `digests`. Returns the toolchain and, when upload mode was wanted but is impossible, why
     /// (the caller warns where it matters).
     pub fn resolve(
         common_args: &[String],
         request: ModeRequest<'_>,
+        environment: &Environment,
         digests: &DigestCache,
     ) -> Result<(Toolchain, Option<String>), String> {
         let compiler = PathBuf::from(&common_args[0]);
@@ -115,7 +119,8 @@ impl Toolchain {
             );
         }
         let local = locate(&compiler)?;
-        let (kind, mut closure) = closure(&compiler, &local)?;
+        let ld_library_path = environment.get("LD_LIBRARY_PATH").unwrap_or_default();
+        let (kind, mut closure) = closure(&compiler, &local, ld_library_path)?;
         let mut why_not = None;
         let mode = if request.remote_compiler.is_some()
             || request.toolchain == Some(ToolchainMode::Worker)
@@ -251,7 +256,7 @@ fn compiler_name(compiler: &Path) -> Result<String, String> {
 }
 
 /// The compiler's file: its path as given when it has a `/`, else looked up in `PATH`.
-fn locate(compiler: &Path) -> Result<PathBuf, String> {
+pub(crate) fn locate(compiler: &Path) -> Result<PathBuf, String> {
     if compiler.as_os_str().as_bytes().contains(&b'/') {
         return Ok(compiler.to_path_buf());
     }
@@ -266,7 +271,11 @@ fn locate(compiler: &Path) -> Result<PathBuf, String> {
 type ClosureFile = (String, PathBuf, bool);
 
 /// Every file the compiler needs, and what kind of executable it is.
-fn closure(compiler: &Path, local: &Path) -> Result<(Kind, Vec<ClosureFile>), String> {
+fn closure(
+    compiler: &Path,
+    local: &Path,
+    ld_library_path: &str,
+) -> Result<(Kind, Vec<ClosureFile>), String> {
     let name = compiler_name(compiler)?;
     let mut files = vec![(format!("bin/{name}"), local.to_path_buf(), true)];
     let mut magic = [0u8; 4];
@@ -286,7 +295,7 @@ fn closure(compiler: &Path, local: &Path) -> Result<(Kind, Vec<ClosureFile>), St
     let Some(interpreter) = &exe.interpreter else {
         return Ok((Kind::Static, files));
     };
-    match libraries(local, &exe) {
+    match libraries(local, &exe, ld_library_path) {
         Ok(libraries) => {
             let loader_name = interpreter
                 .file_name()
@@ -362,11 +371,14 @@ fn read_elf(path: &Path) -> Result<ElfInfo, String> {
 }
 
 /// Every library `exe` (at `path`) needs, transitively, as `(DT_NEEDED name, file)`, found the
-/// way the dynamic loader finds them.
-fn libraries(path: &Path, exe: &ElfInfo) -> Result<Vec<(String, PathBuf)>, String> {
+/// way the dynamic loader finds them with `ld_library_path`.
+fn libraries(
+    path: &Path,
+    exe: &ElfInfo,
+    ld_library_path: &str,
+) -> Result<Vec<(String, PathBuf)>, String> {
     let system = system_library_dirs();
-    let ld_library_path: Vec<String> = std::env::var("LD_LIBRARY_PATH")
-        .unwrap_or_default()
+    let ld_library_path: Vec<String> = ld_library_path
         .split(':')
         .filter(|d| !d.is_empty())
         .map(str::to_owned)
@@ -495,7 +507,8 @@ mod tests {
     fn resolve(compiler: &Path, request: ModeRequest<'_>) -> (Toolchain, Option<String>) {
         let digests = DigestCache::open(None);
         let args = vec![compiler.to_string_lossy().into_owned(), "-c".to_owned()];
-        Toolchain::resolve(&args, request, &digests).unwrap()
+        let environment = Environment::new(&[]).unwrap();
+        Toolchain::resolve(&args, request, &environment, &digests).unwrap()
     }
 
     #[test]
@@ -558,7 +571,8 @@ mod tests {
         };
         let digests = DigestCache::open(None);
         let args = vec![exe.to_string_lossy().into_owned()];
-        assert!(Toolchain::resolve(&args, both, &digests).is_err());
+        let environment = Environment::new(&[]).unwrap();
+        assert!(Toolchain::resolve(&args, both, &environment, &digests).is_err());
     }
 
     #[test]

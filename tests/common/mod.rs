@@ -208,6 +208,7 @@ impl Project {
             stats_json: false,
             compiler: None,
             env: Vec::new(),
+            distributor: None,
         }
     }
 }
@@ -227,6 +228,8 @@ pub struct Link<'p> {
     compiler: Option<(PathBuf, Vec<String>)>,
     /// Environment variables set for the link (and so for the distributor).
     env: Vec<(OsString, OsString)>,
+    /// What lld runs as the distributor; default: the built `dtlto-reapi`.
+    distributor: Option<PathBuf>,
 }
 
 impl Link<'_> {
@@ -234,6 +237,13 @@ impl Link<'_> {
     pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
             .push((name.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Has lld run `program` as the distributor (e.g. a script that runs `dtlto-reapi` in another
+    /// environment than the link's).
+    pub fn distributor(mut self, program: &Path) -> Self {
+        self.distributor = Some(program.to_owned());
         self
     }
 
@@ -299,7 +309,7 @@ impl Link<'_> {
         let dir = &self.project.dir;
         create_parent(&dir.join(&self.output));
         let mut dist_flag = OsString::from("-fthinlto-distributor=");
-        dist_flag.push(distributor());
+        dist_flag.push(self.distributor.as_deref().unwrap_or(distributor()));
         let (compiler, prepend) = self.compiler.clone().unwrap_or_else(|| {
             let prepend = Some(tools.compiler_prepend.clone()).filter(|p| !p.is_empty());
             (tools.compiler.clone(), prepend.into_iter().collect())
