@@ -39,7 +39,7 @@ pub fn run(job_file_path: &Path, settings: &Settings) -> ExitCode {
         .collect();
     staging::remove_leftovers(&outputs);
     match runtime() {
-        Some(runtime) => runtime.block_on(run(job_file, settings)),
+        Some(runtime) => runtime.block_on(run_jobs(job_file, settings)),
         None => ExitCode::FAILURE,
     }
 }
@@ -53,7 +53,7 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
         .ok()
 }
 
-async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
+async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     let reporter = Arc::new(Reporter::new(
         job_file.jobs.len(),
         settings.quiet,

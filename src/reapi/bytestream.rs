@@ -2,32 +2,20 @@
 //! streamed from a file or memory, zstd-compressed where offered) and Read (resumable from the bytes
 //! received, to a [`Sink`], each message awaited at most the call timeout).
 
-use std::collections::{HashMap, HashSet};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use super::connections::CountedChannel;
-use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use bazel_remote_apis::google::bytestream::{self as bs, byte_stream_client::ByteStreamClient};
-use futures::{StreamExt as _, TryStreamExt as _};
-use prost::Message as _;
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
-use tokio::time::Instant;
+use bazel_remote_apis::google::bytestream as bs;
+use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
 use tonic::Status;
 
-use super::cas::{
-    BATCH_SLACK, Blob, BlobSource, CONCURRENCY, FIND_MISSING_CHUNK, MIN_THROUGHPUT_BYTES_PER_SEC,
-    STREAM_CHUNK, Sink, batch_entry_len, blocking, check_size, digest_key, pack, resource_name,
-    unique_nonempty,
-};
-use super::client::{Client, Inner, MAX_MESSAGE_BYTES};
-use super::compression::{self, Encoder, IDENTITY, StreamDecoder, ZSTD, ZSTD_NAME};
+use super::cas::{Blob, BlobSource, STREAM_CHUNK, Sink, blocking, check_size, resource_name};
+use super::client::{Client, Inner};
+use super::compression::{self, Encoder, StreamDecoder, ZSTD_NAME};
 use super::digest::{self, Digest, Hasher};
-use super::error::is_transient;
-use super::error::{ReapiError, status_from_proto};
+use super::error::ReapiError;
 use super::metadata::CallContext;
 use super::retry::{self, Attempts};
 
@@ -485,6 +473,7 @@ pub(super) async fn write_requests(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt as _;
 
     /// The messages of one attempt, and what the attempt left in its progress.
     async fn attempt(

@@ -8,29 +8,25 @@
 //! offers zstd, blobs travel compressed (see [`super::compression`]); the digests and every check
 //! stay on the uncompressed bytes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::connections::CountedChannel;
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use bazel_remote_apis::google::bytestream::{self as bs, byte_stream_client::ByteStreamClient};
+use bazel_remote_apis::google::bytestream::byte_stream_client::ByteStreamClient;
 use futures::{StreamExt as _, TryStreamExt as _};
 use prost::Message as _;
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncSeekExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
-use tonic::Status;
 
 use super::client::{Client, Inner, MAX_MESSAGE_BYTES};
-use super::compression::{self, Encoder, IDENTITY, StreamDecoder, ZSTD, ZSTD_NAME};
-use super::digest::{self, Digest, Hasher};
-use super::error::is_transient;
-use super::error::{ReapiError, status_from_proto};
+use super::compression::{self};
+use super::digest::{self, Digest};
+use super::error::ReapiError;
 use super::metadata::CallContext;
-use super::retry::{self, Attempts};
+use super::retry;
 
 /// Digests per FindMissingBlobs request (about 1 MB of request).
 pub(super) const FIND_MISSING_CHUNK: usize = 10_000;
@@ -180,7 +176,7 @@ pub(super) enum Sink<'a> {
 }
 
 impl Sink<'_> {
-    async fn write(&mut self, data: &[u8]) -> Result<(), ReapiError> {
+    pub(super) async fn write(&mut self, data: &[u8]) -> Result<(), ReapiError> {
         match self {
             Sink::Memory(v) => {
                 v.extend_from_slice(data);
@@ -194,7 +190,7 @@ impl Sink<'_> {
     }
 
     /// Empties the sink before the blob is read again.
-    async fn restart(&mut self) -> Result<(), ReapiError> {
+    pub(super) async fn restart(&mut self) -> Result<(), ReapiError> {
         match self {
             Sink::Memory(v) => {
                 v.clear();

@@ -113,28 +113,28 @@ impl fmt::Debug for ConnectionOptions {
 /// the statistics.
 #[derive(Clone, Debug)]
 pub struct Client {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
 pub(super) struct Inner {
     /// Up to one HTTP/2 connection per [`CALLS_PER_CONNECTION`] concurrent calls, opened on demand.
-    connections: Connections,
-    endpoint: String,
-    instance_name: String,
-    metadata: CallMetadata,
-    retry: RetryPolicy,
-    timeout: Duration,
-    execute_timeout: Duration,
-    capabilities: ServerCapabilities,
+    pub(super) connections: Connections,
+    pub(super) endpoint: String,
+    pub(super) instance_name: String,
+    pub(super) metadata: CallMetadata,
+    pub(super) retry: RetryPolicy,
+    pub(super) timeout: Duration,
+    pub(super) execute_timeout: Duration,
+    pub(super) capabilities: ServerCapabilities,
     /// Whether compression may be used (the server's capabilities decide on top).
-    compression: bool,
-    counters: Counters,
+    pub(super) compression: bool,
+    pub(super) counters: Counters,
     /// Bounds the blob bytes being uploaded at once, over all calls (in KiB; see
     /// [`UPLOAD_BUDGET_KIB`]).
-    upload_budget: tokio::sync::Semaphore,
+    pub(super) upload_budget: tokio::sync::Semaphore,
     /// CancelOperation calls for abandoned executions, still in flight.
-    cancellations: std::sync::Mutex<tokio::task::JoinSet<()>>,
+    pub(super) cancellations: std::sync::Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Client {
@@ -346,6 +346,7 @@ fn check_instance_name(name: &str) -> Result<(), ReapiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reapi::{ActionResult, Digest};
 
     #[test]
     fn instance_names() {

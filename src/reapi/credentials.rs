@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt as _;
-use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 
 use super::error::ReapiError;
 use super::headers::{Header, header_key, header_value};

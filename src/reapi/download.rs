@@ -3,35 +3,19 @@
 //! mismatch is read once more before it is reported as corruption; an interrupted download resumes
 //! from the bytes already received.
 
-use std::collections::{HashMap, HashSet};
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::path::Path;
 
-use super::connections::CountedChannel;
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use bazel_remote_apis::google::bytestream::{self as bs, byte_stream_client::ByteStreamClient};
-use futures::{StreamExt as _, TryStreamExt as _};
-use prost::Message as _;
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
-use tokio::time::Instant;
+use tokio::io::AsyncWriteExt as _;
 use tonic::Status;
 
-use super::bytestream::ReadFailure;
-use super::cas::{
-    BATCH_SLACK, Blob, BlobSource, CONCURRENCY, FIND_MISSING_CHUNK, MIN_THROUGHPUT_BYTES_PER_SEC,
-    STREAM_CHUNK, Sink, batch_entry_len, blocking, check_size, digest_key, pack, resource_name,
-    unique_nonempty,
-};
-use super::client::{Client, Inner, MAX_MESSAGE_BYTES};
-use super::compression::{self, Encoder, IDENTITY, StreamDecoder, ZSTD, ZSTD_NAME};
-use super::digest::{self, Digest, Hasher};
-use super::error::is_transient;
+use super::cas::Sink;
+use super::client::{Client, Inner};
+use super::compression::{self, IDENTITY, ZSTD};
+use super::digest::{self, Digest};
 use super::error::{ReapiError, status_from_proto};
 use super::metadata::CallContext;
-use super::retry::{self, Attempts};
+use super::retry;
 
 impl Client {
     /// The content of blob `digest`, verified against it.

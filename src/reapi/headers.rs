@@ -25,7 +25,7 @@ pub fn parse_header_arg(arg: &str) -> Result<(String, String), String> {
 }
 
 /// Checks one header and resolves its value; `env` looks up environment variables.
-fn resolve_header<E>(
+pub(crate) fn resolve_header<E>(
     name: &str,
     value: &str,
     env: impl Fn(&str) -> Result<String, E>,

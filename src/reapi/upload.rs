@@ -3,35 +3,21 @@
 //! the server offers it. An interrupted upload resumes from the size the server committed.
 
 use std::collections::{HashMap, HashSet};
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use super::connections::CountedChannel;
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use bazel_remote_apis::google::bytestream::{self as bs, byte_stream_client::ByteStreamClient};
 use futures::{StreamExt as _, TryStreamExt as _};
-use prost::Message as _;
-use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _, AsyncWriteExt as _};
-use tokio::time::Instant;
 use tonic::Status;
 
-use super::bytestream::{ChunkReader, ChunkSource, WriteProgress, read_error, write_requests};
 use super::cas::{
-    BATCH_SLACK, Blob, BlobSource, CONCURRENCY, FIND_MISSING_CHUNK, MIN_THROUGHPUT_BYTES_PER_SEC,
-    STREAM_CHUNK, Sink, batch_entry_len, blocking, check_size, digest_key, pack, resource_name,
+    Blob, BlobSource, CONCURRENCY, batch_entry_len, blocking, check_size, digest_key, pack,
     unique_nonempty,
 };
-use super::client::UPLOAD_BUDGET_KIB;
-use super::client::{Client, Inner, MAX_MESSAGE_BYTES};
-use super::compression::{self, Encoder, IDENTITY, StreamDecoder, ZSTD, ZSTD_NAME};
-use super::digest::{self, Digest, Hasher};
-use super::error::is_transient;
-use super::error::{ReapiError, status_from_proto};
+use super::client::{Client, Inner, UPLOAD_BUDGET_KIB};
+use super::compression::{self, IDENTITY, ZSTD};
+use super::digest::{self, Digest};
+use super::error::{ReapiError, is_transient, status_from_proto};
 use super::metadata::CallContext;
-use super::retry::{self, Attempts};
+use super::retry;
 
 /// One unit of upload work.
 enum Upload {
