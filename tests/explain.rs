@@ -47,7 +47,7 @@ fn link(
 
 /// `dtlto-reapi explain OLD NEW`'s output, one line per missed job then a count.
 fn explain(old: &Path, new: &Path) -> Vec<String> {
-    let out = run_ok(Command::new(distributor()).arg("explain").arg(old).arg(new));
+    let out = run_ok(common::dtlto_reapi().arg("explain").arg(old).arg(new));
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_owned)
@@ -181,7 +181,7 @@ fn a_file_that_is_not_stats_is_one_error_line() {
     let bad = dir.path().join("bad.json");
     fs::write(&bad, "{\"jobs\": 3}").unwrap();
     let out = common::run(
-        Command::new(distributor())
+        common::dtlto_reapi()
             .arg("explain")
             .arg(&bad)
             .arg(&bad),
