@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::{CredentialHelper, Server, toolchain};
 

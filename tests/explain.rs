@@ -6,9 +6,8 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{Linked, Project, chain, distributor, run_ok, toolchain};
+use common::{Linked, Project, chain, run_ok, toolchain};
 use tempfile::TempDir;
 
 /// The archive holding the chain's last module.
@@ -180,12 +179,7 @@ fn a_file_that_is_not_stats_is_one_error_line() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
     fs::write(&bad, "{\"jobs\": 3}").unwrap();
-    let out = common::run(
-        common::dtlto_reapi()
-            .arg("explain")
-            .arg(&bad)
-            .arg(&bad),
-    );
+    let out = common::run(common::dtlto_reapi().arg("explain").arg(&bad).arg(&bad));
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

@@ -10,9 +10,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
-use common::{Chain, Linked, Project, chain, distributor, run, toolchain, write};
+use common::{Chain, Linked, Project, chain, run, toolchain, write};
 use serde_json::Value;
 
 /// Modules in the test program; the last one lives in the archive.

@@ -262,7 +262,8 @@ impl Wine {
     /// Debian's `wine64` (`/usr/lib/wine/wine64`), or `wine64` or `wine` on PATH; panics naming the
     /// package when there is none: these tests need it.
     fn new() -> Wine {
-        let wine = common::tools::system_tool(&["/usr/lib/wine/wine64", "wine64", "wine"], "wine64");
+        let wine =
+            common::tools::system_tool(&["/usr/lib/wine/wine64", "wine64", "wine"], "wine64");
         let prefix = tempfile::Builder::new()
             .prefix("dtlto wine prefix ")
             .tempdir()
