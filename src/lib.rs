@@ -17,7 +17,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod distribute;
-pub(crate) mod executor;
+pub mod executor;
 pub mod explain;
 pub(crate) mod jobs;
 pub mod logging;

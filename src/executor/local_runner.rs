@@ -9,10 +9,10 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 };
 use tokio::sync::Semaphore;
 
-use super::child;
 use super::context::RunContext;
 use super::local::{self, LocalOutcome};
 use super::outcome::{self, Outcome};
+use super::{child, reaper};
 use crate::jobs::Job;
 use crate::reapi::Digest;
 use crate::stats::{JobRecord, Ran};
@@ -29,7 +29,7 @@ impl LocalRunner {
     pub fn new(jobs: usize) -> std::io::Result<LocalRunner> {
         Ok(LocalRunner {
             slots: Semaphore::new(jobs.max(1)),
-            spawner: child::Spawner::new()?,
+            spawner: child::Spawner::new(Some(reaper::command()))?,
         })
     }
 

@@ -1,10 +1,12 @@
 //! Execution: runs every job of a link.
 //!
-//! The files follow a job's way through it: `context` is what every job shares; `scheduler` starts the jobs (bounded concurrency,
-//! biggest module first, stop at the first failure or an interrupt); `runner` composes the steps a
-//! job may go through as the settings ask — the disk cache (`disk_cache`), the cluster or its
-//! action cache (`remote`, with `uploads`), a local compile (`local_runner` around `local` and
-//! `child`); and `outcome` turns how a job ended into its record and the lines the user sees.
+//! The files follow a job's way through it: `context` is what every job shares; `scheduler`
+//! starts the jobs (bounded concurrency, biggest module first, stop at the first failure or an
+//! interrupt); `runner` composes the steps a job may go through as the settings ask — the disk
+//! cache (`disk_cache`), the cluster or its action cache (`remote`, with `uploads`), a local
+//! compile (`local_runner` around `local` and `child`, whose compilers die with the distributor by
+//! way of `reaper`); and `outcome` turns how a job ended into its record and the lines the user
+//! sees.
 
 mod child;
 mod context;
@@ -12,6 +14,7 @@ mod disk_cache;
 mod local;
 mod local_runner;
 mod outcome;
+pub mod reaper;
 pub mod remote;
 mod runner;
 mod scheduler;
