@@ -16,6 +16,10 @@
 //!   **Worker mode**: the action runs the compiler at its path on the workers, and the identity goes
 //!   into `Action.salt`.
 //!
+//! The loader searches a file's `DT_RPATH` before `--library-path`: a compiler or library whose
+//! `DT_RPATH` leads outside the uploaded directory could load a worker's library, so such a
+//! compiler is not uploaded (worker mode, with the reason).
+//!
 //! Run through its loader, a process's `/proc/self/exe` is the loader. clang reads it to find its
 //! resource directory (headers, unused by a bitcode-to-object backend compile) and to re-execute
 //! itself for `-cc1`, which it does not do by default (`-fintegrated-cc1`): a link that passes
@@ -431,9 +435,11 @@ fn libraries(
         }
         Ok(())
     };
+    refuse_foreign_rpath(exe, "bin", path)?;
     enqueue(exe, &exe_origin, &mut seen, &mut pending)?;
     while let Some((name, file)) = pending.pop_front() {
         let info = read_elf(&file)?;
+        refuse_foreign_rpath(&info, "lib", &file)?;
         enqueue(&info, &origin_of(&file), &mut seen, &mut pending)?;
         found.push((name, file));
         if found.len() > MAX_LIBRARIES {
@@ -441,6 +447,54 @@ fn libraries(
         }
     }
     Ok(found)
+}
+
+/// Upload mode runs the compiler as `<loader> --library-path <uploaded lib> ...`, but the loader
+/// searches a file's `DT_RPATH` (in effect when it has no `DT_RUNPATH`) *before* that path: an
+/// entry outside the uploaded toolchain directory could load a worker's library instead of the
+/// uploaded one, which is not what the key names. Such a file makes the compiler one that cannot
+/// be uploaded, with the reason. (`DT_RUNPATH` is searched after `--library-path`, where every
+/// needed library is found, so it cannot interfere.) `dir` is where the file lies in the
+/// toolchain directory, which `$ORIGIN` names on a worker.
+fn refuse_foreign_rpath(elf: &ElfInfo, dir: &str, path: &Path) -> Result<(), String> {
+    if !elf.runpath.is_empty() {
+        return Ok(());
+    }
+    match elf.rpath.iter().find(|entry| !inside_toolchain(entry, dir)) {
+        None => Ok(()),
+        Some(entry) => Err(format!(
+            "{} has the DT_RPATH entry {entry}, which the dynamic loader searches before the \
+             uploaded libraries: on a worker a library there would be loaded instead of the \
+             uploaded one (a compiler linked with $ORIGIN-relative paths, or with DT_RUNPATH \
+             (--enable-new-dtags), can be uploaded)",
+            path.display()
+        )),
+    }
+}
+
+/// Whether the search-path `entry` of a file in `dir` of the toolchain directory stays inside
+/// that directory: `$ORIGIN`-relative without leaving it (an absolute path, a relative one — to
+/// the process's working directory — or one with other tokens does not).
+fn inside_toolchain(entry: &str, dir: &str) -> bool {
+    let Some(rest) = ["$ORIGIN", "${ORIGIN}"]
+        .iter()
+        .find_map(|origin| entry.strip_prefix(origin))
+    else {
+        return false;
+    };
+    if !(rest.is_empty() || rest.starts_with('/')) || rest.contains('$') {
+        return false;
+    }
+    let mut depth = dir.split('/').count();
+    for component in rest.split('/') {
+        match component {
+            "" | "." => {}
+            ".." if depth == 0 => return false,
+            ".." => depth -= 1,
+            _ => depth += 1,
+        }
+    }
+    true
 }
 
 /// `$ORIGIN` for the file at `path`: the directory of its real path.
@@ -573,6 +627,83 @@ mod tests {
         let args = vec![exe.to_string_lossy().into_owned()];
         let environment = Environment::new(&[]).unwrap();
         assert!(Toolchain::resolve(&args, both, &environment, &digests).is_err());
+    }
+
+    #[test]
+    fn only_origin_relative_rpath_entries_inside_the_toolchain_are_harmless() {
+        for entry in [
+            "$ORIGIN",
+            "$ORIGIN/../lib",
+            "${ORIGIN}/../lib/x",
+            "$ORIGIN/./..",
+        ] {
+            assert!(inside_toolchain(entry, "bin"), "{entry}");
+        }
+        for entry in [
+            "/opt/llvm/lib",
+            "lib",
+            "../lib",
+            "$ORIGIN/../..",
+            "$ORIGIN/../../../../usr/lib",
+            "$ORIGINAL",
+            "$ORIGIN/$LIB",
+            "$LIB",
+        ] {
+            assert!(!inside_toolchain(entry, "bin"), "{entry}");
+        }
+        let elf = |rpath: &[&str], runpath: &[&str]| ElfInfo {
+            rpath: rpath.iter().map(|s| (*s).to_owned()).collect(),
+            runpath: runpath.iter().map(|s| (*s).to_owned()).collect(),
+            ..ElfInfo::default()
+        };
+        let file = Path::new("/opt/llvm/lib/libLLVM.so");
+        let err = refuse_foreign_rpath(&elf(&["$ORIGIN", "/opt/llvm/lib"], &[]), "lib", file);
+        let err = err.unwrap_err();
+        assert!(err.contains("/opt/llvm/lib/libLLVM.so has the DT_RPATH entry /opt/llvm/lib"));
+        // With a DT_RUNPATH the loader ignores DT_RPATH, and searches --library-path first.
+        let with_runpath = elf(&["/opt/llvm/lib"], &["/opt/llvm/lib"]);
+        assert_eq!(refuse_foreign_rpath(&with_runpath, "lib", file), Ok(()));
+        assert_eq!(refuse_foreign_rpath(&elf(&[], &[]), "lib", file), Ok(()));
+    }
+
+    /// Links a small program with the system's C compiler and `flags`, in `dir`.
+    fn program_linked_with(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+        let source = dir.join("main.c");
+        std::fs::write(&source, "int main(void) { return 0; }\n").unwrap();
+        let exe = dir.join(name);
+        let status = std::process::Command::new("cc")
+            .arg(&source)
+            .arg("-o")
+            .arg(&exe)
+            .args(flags)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        exe
+    }
+
+    #[test]
+    fn a_compiler_with_an_absolute_rpath_is_refused_for_upload_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let old_tags = "-Wl,--disable-new-dtags";
+        let absolute = program_linked_with(dir.path(), "a", &[old_tags, "-Wl,-rpath,/opt/x/lib"]);
+        let (toolchain, why_not) = resolve(&absolute, request(None));
+        assert_eq!(toolchain.identity.mode, ToolchainMode::Worker);
+        let why_not = why_not.unwrap();
+        assert!(
+            why_not.contains("has the DT_RPATH entry /opt/x/lib") && why_not.contains("cannot be"),
+            "{why_not}"
+        );
+
+        // The same path as DT_RUNPATH, or a DT_RPATH relative to $ORIGIN: uploaded.
+        let runpath = "-Wl,--enable-new-dtags";
+        let new_tags = program_linked_with(dir.path(), "b", &[runpath, "-Wl,-rpath,/opt/x/lib"]);
+        let origin = program_linked_with(dir.path(), "c", &[old_tags, "-Wl,-rpath,$ORIGIN/../lib"]);
+        for exe in [new_tags, origin] {
+            let (toolchain, why_not) = resolve(&exe, request(None));
+            assert_eq!(why_not, None);
+            assert_eq!(toolchain.identity.mode, ToolchainMode::Upload);
+        }
     }
 
     #[test]
