@@ -484,6 +484,14 @@ fn a_read_that_drips_a_byte_a_second_ends_in_the_local_fallback() {
 }
 
 #[test]
+fn a_zstd_bomb_in_a_read_is_a_clear_error_and_memory_stays_bounded() {
+    // Every compressed read answers 128 KiB that decompress to 4 GiB.
+    let faults = [READS_BY_STREAM[0], "--fault-zstd-bomb"];
+    let (_, remote) = link_against_hostile(&faults, &[], Duration::from_secs(120));
+    remote.assert_fell_back("decompresses to more than the");
+}
+
+#[test]
 fn an_output_claiming_a_terabyte_is_a_server_error_and_falls_back() {
     let (_, remote) = link_against_hostile(
         &["--fault-output-size=1099511627776"],
