@@ -178,7 +178,10 @@ fn untrusted(path: &Path) -> Option<String> {
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
     let Ok(dir_meta) = fs::metadata(dir) else {
-        return Some(format!("its directory {} cannot be inspected", dir.display()));
+        return Some(format!(
+            "its directory {} cannot be inspected",
+            dir.display()
+        ));
     };
     let what = format!("its directory {}", dir.display());
     if foreign(&dir_meta) {
@@ -340,11 +343,18 @@ mod tests {
         mode(&file, 0o644);
         assert_eq!(untrusted(&file), None);
         mode(&file, 0o646);
-        assert!(untrusted(&file).unwrap().contains("writable by other users (mode 646)"));
+        assert!(
+            untrusted(&file)
+                .unwrap()
+                .contains("writable by other users (mode 646)")
+        );
         mode(&file, 0o644);
         mode(&dir, 0o777);
         let why = untrusted(&file).unwrap();
-        assert!(why.contains("its directory") && why.contains("mode 777"), "{why}");
+        assert!(
+            why.contains("its directory") && why.contains("mode 777"),
+            "{why}"
+        );
         // Sticky, like /tmp: others cannot replace a file they do not own.
         mode(&dir, 0o1777);
         assert_eq!(untrusted(&file), None);
@@ -357,7 +367,11 @@ mod tests {
         mode(&dir, 0o775);
         assert_eq!(untrusted(&file), None);
         chown(&dir, None, Some(65534)).unwrap();
-        assert!(untrusted(&file).unwrap().contains("writable by other users"));
+        assert!(
+            untrusted(&file)
+                .unwrap()
+                .contains("writable by other users")
+        );
         chown(&dir, None, Some(0)).unwrap();
         mode(&dir, 0o1777);
         chown(&file, Some(65534), None).unwrap();

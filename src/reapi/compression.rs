@@ -93,10 +93,10 @@ impl Bounded {
             let status = self.zstd.run_on_buffers(input, &mut out[written..])?;
             *input = &input[status.bytes_read..];
             written += status.bytes_written;
-            self.at_frame_end = status.remaining == 0;
             if status.bytes_read == 0 && status.bytes_written == 0 {
                 break;
             }
+            self.at_frame_end = status.remaining == 0;
         }
         out.truncate(written);
         self.produced += written as u64;
@@ -331,7 +331,10 @@ mod tests {
             }
         };
         assert!(produced <= 1 << 20, "{produced}");
-        assert!(err.to_string().contains("more than the 1048576 bytes"), "{err}");
+        assert!(
+            err.to_string().contains("more than the 1048576 bytes"),
+            "{err}"
+        );
         assert!(decompress(&bomb, 1 << 20).is_err());
     }
 
@@ -346,6 +349,6 @@ mod tests {
         std::io::Write::write_all(&mut wide, &data).unwrap();
         let wide = wide.finish().unwrap();
         let err = decompress(&wide, data.len() as u64).unwrap_err();
-        assert!(err.to_string().contains("indow"), "{err}");
+        assert!(err.to_string().contains("too much memory"), "{err}");
     }
 }

@@ -291,9 +291,7 @@ fn parse_response(stdout: &[u8]) -> Result<Answer, String> {
         None => None,
         Some(time) => Some(
             time::OffsetDateTime::parse(&time, &time::format_description::well_known::Rfc3339)
-                .map_err(|e| {
-                    format!("printed an `expires` that is not an RFC 3339 time ({e})")
-                })?
+                .map_err(|e| format!("printed an `expires` that is not an RFC 3339 time ({e})"))?
                 .into(),
         ),
     };
@@ -584,18 +582,20 @@ mod tests {
 
     #[test]
     fn expires_is_read_and_renewal_comes_before_it() {
-        let answer = parse_response(
-            br#"{"headers": {"x": ["s3cret"]}, "expires": "2030-01-01T00:00:00Z"}"#,
-        )
-        .unwrap();
+        let answer =
+            parse_response(br#"{"headers": {"x": ["s3cret"]}, "expires": "2030-01-01T00:00:00Z"}"#)
+                .unwrap();
         assert_eq!(
             answer.expires,
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000))
         );
         assert_eq!(parse_response(b"{}").unwrap().expires, None);
-        let err = parse_response(br#"{"headers": {"x": ["s3cret"]}, "expires": "soon"}"#)
-            .unwrap_err();
-        assert!(err.contains("not an RFC 3339 time") && !err.contains("s3c"), "{err}");
+        let err =
+            parse_response(br#"{"headers": {"x": ["s3cret"]}, "expires": "soon"}"#).unwrap_err();
+        assert!(
+            err.contains("not an RFC 3339 time") && !err.contains("s3c"),
+            "{err}"
+        );
 
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let delay = |secs| Shared::renewal_delay(now + Duration::from_secs(secs), now);

@@ -129,7 +129,11 @@ impl Hostile {
         self.zstd_bomb.then(|| {
             let chunks: Vec<_> = zstd_bomb(BOMB_SIZE)
                 .chunks(INVENTED_CHUNK as usize)
-                .map(|chunk| Ok(ReadResponse { data: chunk.to_vec() }))
+                .map(|chunk| {
+                    Ok(ReadResponse {
+                        data: chunk.to_vec(),
+                    })
+                })
                 .collect();
             stream::iter(chunks).boxed()
         })
