@@ -348,7 +348,7 @@ fn a_config_file_planted_by_another_user_is_ignored_and_the_users_own_applies() 
 
     // Named explicitly, the same file is the user's choice and is read.
     let named = common::run_ok(
-        std::process::Command::new(common::distributor())
+        common::dtlto_reapi()
             .current_dir(project.dir())
             .env("XDG_CONFIG_HOME", home.path())
             .arg("config")
