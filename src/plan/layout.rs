@@ -371,7 +371,12 @@ mod tests {
     /// Writes the modules and the index shard of `t1.o`'s job in a real COFF link (lld-link 22.1.8:
     /// `t1.o` imports from `t2.o` and from the member `t3.o` of `libt3.lib`) into `dir`, the member
     /// under the name lld-link gave it, and plans the job's canonical layout.
-    fn coff_canonical_layout(dir: &Path, shard: &[u8], member: &str, pid: u32) -> Layout {
+    fn coff_canonical_layout(
+        dir: &Path,
+        shard: &[u8],
+        member: &str,
+        pid: u32,
+    ) -> (Layout, JobFile, FileDigests) {
         let testdata = |name: &str| -> Vec<u8> {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bitcode/testdata");
             std::fs::read(path.join(name)).unwrap()
@@ -390,16 +395,27 @@ mod tests {
             std::fs::write(&path, content).unwrap();
             inputs.push(path);
         }
+        let output = dir.join(native);
+        let path_arg = |p: &Path| p.to_string_lossy().into_owned();
+        let args = vec![
+            "-c".to_owned(),
+            format!("-fthinlto-index={}", path_arg(&inputs[1])),
+            "-o".to_owned(),
+            path_arg(&output),
+            "-x".to_owned(),
+            "ir".to_owned(),
+            path_arg(&inputs[0]),
+        ];
         let file = JobFile {
             path: "a.json".into(),
             linker_output: "a.exe".into(),
-            common_args: vec!["zig".into(), "clang".into()],
+            common_args: vec!["zig".into(), "clang".into(), "-O2".into()],
             common_inputs: vec![],
             jobs: vec![Job {
                 index: 0,
-                args: vec![],
+                args,
                 inputs,
-                outputs: vec![dir.join(native)],
+                outputs: vec![output],
             }],
         };
         let job = &file.jobs[0];
@@ -409,7 +425,8 @@ mod tests {
             &crate::cache::DigestCache::open(None),
         )
         .unwrap();
-        canonical(&file, job, &digests).unwrap()
+        let layout = canonical(&file, job, &digests).unwrap();
+        (layout, file, digests)
     }
 
     #[test]
@@ -422,13 +439,15 @@ mod tests {
             include_bytes!("../bitcode/testdata/coff-t1.thinlto.bc"),
             "libt3.libt3.o158.3.453F.o",
             17727,
-        );
+        )
+        .0;
         let second = coff_canonical_layout(
             &dir.path().join("two"),
             include_bytes!("../bitcode/testdata/coff-t1.relink.thinlto.bc"),
             "again/libt3.libt3.o158.3.4574.o",
             17780,
-        );
+        )
+        .0;
         assert_eq!(first.kind, LayoutKind::Canonical);
         let names = |layout: &Layout| -> Vec<String> {
             layout.inputs.iter().map(|(name, _)| name.clone()).collect()
@@ -441,6 +460,47 @@ mod tests {
                 .all(|n| n.len() == 66 && n.ends_with(".o")),
             "{:?}",
             names(&first)
+        );
+    }
+
+    /// The Action digest of a fixed job is pinned: a change to planning (layout, shard rewrite, input
+    /// tree, Command, Action) that changes any key fails here, so that speed-ups provably keep every
+    /// cache entry valid. If a key must change on purpose, say so in the commit and update the pin.
+    #[test]
+    fn the_action_digest_of_a_fixed_job_is_pinned() {
+        use super::super::action::{ActionOptions, build};
+        use super::super::toolchain::{ModeRequest, Toolchain, ToolchainMode};
+        let dir = tempfile::tempdir().unwrap();
+        let (layout, file, digests) = coff_canonical_layout(
+            &dir.path().join("link"),
+            include_bytes!("../bitcode/testdata/coff-t1.thinlto.bc"),
+            "libt3.libt3.o158.3.453F.o",
+            17727,
+        );
+        // A compiler of fixed content, in worker mode (named on the workers by --remote-compiler).
+        let compiler = dir.path().join("clang");
+        std::fs::write(&compiler, "#!/bin/sh\nexec zig clang \"$@\"\n").unwrap();
+        let common_args = [compiler.to_string_lossy().into_owned()];
+        let request = ModeRequest {
+            toolchain: Some(ToolchainMode::Worker),
+            remote_compiler: Some("/usr/bin/clang"),
+        };
+        let cache = crate::cache::DigestCache::open(None);
+        let (toolchain, _) = Toolchain::resolve(&common_args, request, &cache).unwrap();
+        let options = ActionOptions {
+            toolchain: std::sync::Arc::new(toolchain),
+            toolchain_blobs: std::sync::Arc::new([]),
+            remote_compiler: Some("/usr/bin/clang".to_owned()),
+            platform: vec![("OSFamily".to_owned(), "linux".to_owned())],
+            legacy_output_files: false,
+        };
+        let spec = build(&file, &file.jobs[0], layout, &digests, &options).unwrap();
+        let shown = |d: &crate::reapi::Digest| crate::reapi::digest::display(d).to_string();
+        assert_eq!(
+            shown(&spec.action_digest),
+            "0c74f8e0ec39b09134023938f5c53f8bbd0983f8f319bbdcbfd063dc2fdf4310/253",
+            "{:#?}",
+            spec.parts
         );
     }
 
