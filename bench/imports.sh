@@ -18,7 +18,8 @@
 # COLD_RUNS (RUNS: cold links in the first COLD_RUNS rounds only, as each compiles everything; later
 # rounds use the last cold link's server),
 # DISTRIBUTOR (the dtlto-reapi binary to measure, e.g. a copy of an older build; default: this
-# checkout's release build).
+# checkout's release build), KEEP_PROJECT=1 (reuse the project and floor store of an earlier run
+# with the same MODULES and IMPORTS instead of generating and compiling them again).
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
@@ -34,7 +35,12 @@ out=$root/bench/out/imports
 project=$out/project
 trap stop_server EXIT
 
-generate_project
+if [[ ${KEEP_PROJECT:-} == 1 && -d $project && -d $out/floor-store ]]; then
+    say "reusing $project and its floor store (KEEP_PROJECT=1)"
+    rm -rf "$out"/fresh-* "$out/disk-cache" "$out/xdg-cache" "$out"/*.stats.json
+else
+    generate_project
+fi
 cd "$project"
 mkdir -p seed && printf 'int main(void) { return 0; }\n' >seed/seed.c
 "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c seed/seed.c -o seed/seed.o
@@ -70,18 +76,18 @@ seeded_server() { # a fresh server that holds the compiler
 }
 
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
-# Warm-up, not counted: the floor's objects, and the disk cache (filled by a remote link).
+# Warm-up, not counted: the floor's objects (compiled locally once per project).
 : >"$out/times.tsv"
 export FLOOR_STORE=$out/floor-store
-FLOOR_RECORD=1 link fill-floor "$project" "$root/bench/floor_distributor.py"
-seeded_server
-ours fill-disk "$project" --remote="$server_url" --disk-cache="$out/disk-cache"
+[[ -d $FLOOR_STORE ]] || FLOOR_RECORD=1 link fill-floor "$project" "$root/bench/floor_distributor.py"
 : >"$out/times.tsv"
 for round in $(seq "$runs"); do
     if ((round <= cold_runs)); then # else the last cold link's server, still warm
         seeded_server
         ours cold "$project" --remote="$server_url"
     fi
+    # The disk cache, filled once from the warm server (hits are stored on disk too); not counted.
+    [[ -d $out/disk-cache ]] || ours fill-disk "$project" --remote="$server_url" --disk-cache="$out/disk-cache"
     ours cached "$project" --remote="$server_url"
     fresh=$out/fresh-$round
     mkdir -p "$fresh" && cp "$project"/*.o "$project/inputs.rsp" "$fresh/"

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use super::digests::FileDigests;
+use super::digests::{FileDigests, FileInfo};
 use crate::bitcode;
 use crate::jobs::{Job, JobFile};
 
@@ -138,25 +138,45 @@ pub fn canonical(
             job.index_shard().display()
         ),
     };
-    let shard = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
-    let entries = bitcode::shard_modules(&shard).map_err(|e| unreadable(e.to_string()))?;
+    let bytes = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
+    // Read once, for matching and for the rewrite.
+    let shard = bitcode::ReadShard::new(&bytes).map_err(|e| unreadable(e.to_string()))?;
+    let entries = shard.modules();
 
     // The job's modules, each to be claimed by exactly one shard entry.
     let modules: Vec<&Path> = std::iter::once(job.module())
         .chain(job.imports().iter().map(PathBuf::as_path))
         .collect();
+    let infos: Vec<&FileInfo> = modules
+        .iter()
+        .map(|module| {
+            digests.get(module).ok_or_else(|| NotRemotable {
+                cause: "planning",
+                detail: format!("{} was not hashed", module.display()),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // The modules by the last four words of their hash, in job order: `matches_hash`, not
+    // equality, because LLVM 22.1.8 corrupts the first word along with a non-ASCII path.
+    let mut by_hash: HashMap<[u32; 4], Vec<usize>> = HashMap::with_capacity(modules.len());
+    for (i, info) in infos.iter().enumerate() {
+        if let Some([_, rest @ ..]) = info.module_hash {
+            by_hash.entry(rest).or_default().push(i);
+        }
+    }
     let mut claimed = vec![false; modules.len()];
     let mut matched: Vec<usize> = Vec::with_capacity(entries.len());
-    for entry in &entries {
-        // `matches_hash`, not equality: LLVM 22.1.8 corrupts the first hash word along with a
-        // non-ASCII path.
-        let by_hash = |i: usize| {
-            let file_hash = digests.get(modules[i]).and_then(|f| f.module_hash);
-            file_hash.is_some_and(|h| entry.matches_hash(&h))
+    for entry in entries {
+        let hash_match = |i: &&usize| {
+            !claimed[**i]
+                && infos[**i]
+                    .module_hash
+                    .is_some_and(|h| entry.matches_hash(&h))
         };
         let by_path = |i: usize| modules[i].as_os_str().as_encoded_bytes() == entry.path.as_slice();
-        let found = (0..modules.len())
-            .find(|&i| !claimed[i] && by_hash(i))
+        let found = entry
+            .hash
+            .and_then(|[_, rest @ ..]| by_hash.get(&rest)?.iter().find(hash_match).copied())
             .or_else(|| (0..modules.len()).find(|&i| !claimed[i] && by_path(i)));
         let Some(i) = found else {
             return Err(NotRemotable {
@@ -184,32 +204,26 @@ pub fn canonical(
     // Content-derived names; identical files at different paths get a suffix. The job's own module
     // is named first, so it always gets the plain name; which of its identical twins gets which
     // suffix cannot matter, as they have the same content.
-    let mut names = vec![String::new(); modules.len()];
-    let mut used: HashMap<String, usize> = HashMap::new();
-    let order = 0..modules.len();
-    for i in order {
-        let hash = digests
-            .get(modules[i])
-            .map(|f| f.digest.hash.clone())
-            .ok_or_else(|| NotRemotable {
-                cause: "planning",
-                detail: format!("{} was not hashed", modules[i].display()),
-            })?;
-        let seen = used.entry(hash.clone()).or_insert(0);
-        names[i] = if *seen == 0 {
+    let mut names = Vec::with_capacity(modules.len());
+    let mut used: HashMap<&str, usize> = HashMap::with_capacity(modules.len());
+    for info in &infos {
+        let hash = info.digest.hash.as_str();
+        let seen = used.entry(hash).or_insert(0);
+        names.push(if *seen == 0 {
             format!("{hash}.o")
         } else {
             format!("{hash}-{seen}.o")
-        };
+        });
         *seen += 1;
     }
     let mut next = matched.iter();
-    let rewritten = bitcode::canonicalize_shard(&shard, |_| {
-        next.next()
-            .map(|&i| names[i].clone().into_bytes())
-            .unwrap_or_default()
-    })
-    .map_err(|e| unreadable(e.to_string()))?;
+    let rewritten = shard
+        .canonicalize(|_| {
+            next.next()
+                .map(|&i| names[i].clone().into_bytes())
+                .unwrap_or_default()
+        })
+        .map_err(|e| unreadable(e.to_string()))?;
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
     for (i, module) in modules.iter().enumerate() {
