@@ -279,15 +279,15 @@ const CHAR6: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 
 /// The position of `value` in [`CHAR6`], if it is there.
 fn char6_code(value: u64) -> Option<u64> {
-    Some(match u8::try_from(value).ok()? {
+    let code = match u8::try_from(value).ok()? {
         byte @ b'a'..=b'z' => byte - b'a',
         byte @ b'A'..=b'Z' => byte - b'A' + 26,
         byte @ b'0'..=b'9' => byte - b'0' + 52,
         b'.' => 62,
         b'_' => 63,
         _ => return None,
-    })
-    .map(u64::from)
+    };
+    Some(u64::from(code))
 }
 
 /// Splits an abbreviation into its scalar operands and its tail (`[]`, `[Array, element]` or `[Blob]`).
