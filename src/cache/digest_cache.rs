@@ -412,28 +412,12 @@ fn probe_time(dir: &Path) -> Option<(u64, i64)> {
 }
 
 /// Why the cache file `file` must not be used, if so: it, or its directory, belongs to another user
-/// or may be written by group or others. What does not exist yet is created private to this user.
+/// or may be written by group or others.
 fn untrusted(file: &Path) -> Option<String> {
     let dir = file.parent().unwrap_or(Path::new("."));
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
     // Symlinks followed: what they lead to is what is read.
-    let checked = [
-        (dir, std::fs::metadata(dir)),
-        (file, std::fs::metadata(file)),
-    ];
-    let problem = checked.into_iter().find_map(|(path, meta)| {
-        let meta = meta.ok()?;
-        let problem = if meta.uid() != me {
-            format!("is owned by user {}, not by this user ({me})", meta.uid())
-        } else if meta.mode() & 0o022 != 0 {
-            format!(
-                "is writable by group or others (mode {:o})",
-                meta.mode() & 0o7777
-            )
-        } else {
-            return None;
-        };
+    let problem = [dir, file].into_iter().find_map(|path| {
+        let problem = super::foreign_writable(&std::fs::metadata(path).ok()?)?;
         Some((path, problem))
     })?;
     Some(format!(
