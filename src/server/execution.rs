@@ -2,6 +2,11 @@
 //! answers from the action cache unless told not to, else queues the action for a worker
 //! (`--workers` run at once) and streams its Operation: QUEUED, EXECUTING, then done with an
 //! ExecuteResponse. WaitExecution re-attaches to an Operation by name, and CancelOperation stops it.
+//!
+//! Identical actions in flight run once: an Execute of an action that is already queued or running
+//! (and not `do_not_cache`) attaches to that Operation and gets the same result, as Buildbarn,
+//! BuildBuddy and NativeLink do. Attached clients share the Operation, its name and its
+//! cancellation.
 
 use super::context::{Context, missing_blobs, ok_status, pack, rpc_status};
 use super::digest::BlobDigest;
@@ -46,6 +51,9 @@ pub struct Executor {
     worker: Worker,
     slots: Semaphore,
     operations: Mutex<HashMap<String, Entry>>,
+    /// The Operation of each cacheable action queued or running, by action digest. Locked before
+    /// `operations` when both are.
+    in_flight: Mutex<HashMap<BlobDigest, String>>,
     /// Cancelled at shutdown; every action's token is a child of it.
     shutdown: CancellationToken,
 }
@@ -106,6 +114,7 @@ impl Executor {
             worker,
             slots: Semaphore::new(workers.max(1)),
             operations: Mutex::default(),
+            in_flight: Mutex::default(),
             shutdown,
         }
     }
@@ -129,6 +138,12 @@ impl Executor {
         })
     }
 
+    fn in_flight(&self) -> Result<std::sync::MutexGuard<'_, HashMap<BlobDigest, String>>, Status> {
+        self.in_flight
+            .lock()
+            .map_err(|_| Status::internal("in-flight table lock poisoned"))
+    }
+
     fn entry_state(&self, name: &str) -> Result<watch::Receiver<History>, Status> {
         self.operations()?
             .get(name)
@@ -149,6 +164,7 @@ impl Executor {
         let finished = tokio::select! {
             permit = self.slots.acquire() => match permit {
                 Ok(_permit) => {
+                    self.context.stats.executed();
                     state.send_modify(|history| history.push(stage_operation(&name, &action_digest, execution_stage::Value::Executing)));
                     self.worker.run(job, cancel).await
                 }
@@ -183,6 +199,10 @@ impl Executor {
                 ..Default::default()
             },
         };
+        // From here on an identical Execute runs the action again (or finds it cached).
+        if !do_not_cache && let Ok(mut in_flight) = self.in_flight() {
+            in_flight.remove(&action_digest);
+        }
         state.send_modify(|history| history.push(done_operation(&name, &action_digest, &response)));
         tokio::time::sleep(KEEP_FINISHED).await;
         if let Ok(mut operations) = self.operations() {
@@ -237,26 +257,47 @@ impl Execution for ExecutionService {
             return Ok(Response::new(stream::iter([Ok(done)]).boxed()));
         }
 
-        let queued = stage_operation(&name, &action_digest, execution_stage::Value::Queued);
-        let (sender, state) = watch::channel(vec![queued]);
-        let cancel = executor.shutdown.child_token();
-        executor.operations()?.insert(
-            name.clone(),
-            Entry {
-                state: state.clone(),
-                cancel: cancel.clone(),
-            },
-        );
-        let job = Job {
-            action,
-            command,
-            queued: now(),
+        let do_not_cache = action.do_not_cache;
+        let state = {
+            let mut in_flight = executor.in_flight()?;
+            let running = match in_flight.get(&action_digest) {
+                Some(running) if !do_not_cache => executor.entry_state(running).ok(),
+                _ => None,
+            };
+            match running {
+                Some(state) => {
+                    executor.context.stats.merged();
+                    state
+                }
+                None => {
+                    let queued =
+                        stage_operation(&name, &action_digest, execution_stage::Value::Queued);
+                    let (sender, state) = watch::channel(vec![queued]);
+                    let cancel = executor.shutdown.child_token();
+                    executor.operations()?.insert(
+                        name.clone(),
+                        Entry {
+                            state: state.clone(),
+                            cancel: cancel.clone(),
+                        },
+                    );
+                    if !do_not_cache {
+                        in_flight.insert(action_digest.clone(), name.clone());
+                    }
+                    let job = Job {
+                        action,
+                        command,
+                        queued: now(),
+                    };
+                    tokio::spawn(
+                        executor
+                            .clone()
+                            .drive(name, action_digest, job, sender, cancel),
+                    );
+                    state
+                }
+            }
         };
-        tokio::spawn(
-            executor
-                .clone()
-                .drive(name, action_digest, job, sender, cancel),
-        );
 
         let operations = follow(state, 0);
         if executor.context.faults.drop_execute_stream() {
