@@ -38,6 +38,8 @@ struct Totals {
     /// Execute calls that attached to an identical action already queued or running instead of
     /// running it again.
     merged_executions: u64,
+    /// The server process's peak resident memory (its own, not its actions').
+    peak_rss_bytes: u64,
 }
 
 impl Stats {
@@ -85,8 +87,23 @@ impl Stats {
             connections: self.connections.load(Ordering::Relaxed),
             executions: self.executions.load(Ordering::Relaxed),
             merged_executions: self.merged_executions.load(Ordering::Relaxed),
+            peak_rss_bytes: peak_rss_bytes(),
         };
         std::fs::write(path, serde_json::to_vec_pretty(&totals)?)
             .map_err(|e| anyhow::anyhow!("cannot write --stats-json {}: {e}", path.display()))
     }
+}
+
+/// This process's peak resident memory, from getrusage (0 if unknown).
+fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return 0;
+        }
+        usage
+    };
+    // Linux reports KiB.
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
 }
