@@ -282,7 +282,9 @@ async fn by_default_only_this_user_can_reach_the_server() {
         .address
         .strip_prefix("unix://")
         .unwrap_or_else(|| panic!("{} is not a unix socket", server.address));
-    let dir = std::path::Path::new(path).parent().expect("socket directory");
+    let dir = std::path::Path::new(path)
+        .parent()
+        .expect("socket directory");
     let meta = std::fs::metadata(dir).expect("stat");
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
     // SAFETY: geteuid cannot fail.

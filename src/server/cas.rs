@@ -102,12 +102,20 @@ impl ContentAddressableStorage for CasService {
                 request.digest_function,
             )
             .await?;
-        let mut missing = Vec::new();
-        for digest in &request.blob_digests {
-            if !self.0.storage.has_blob(&BlobDigest::from_proto(digest)?)? {
-                missing.push(digest.clone());
+        let context = self.0.clone();
+        let missing = blocking(move || {
+            let mut missing = Vec::new();
+            for digest in request.blob_digests {
+                if !context
+                    .storage
+                    .has_blob(&BlobDigest::from_proto(&digest)?)?
+                {
+                    missing.push(digest);
+                }
             }
-        }
+            Ok(missing)
+        })
+        .await?;
         Ok(Response::new(FindMissingBlobsResponse {
             missing_blob_digests: missing,
         }))
@@ -219,7 +227,8 @@ impl ContentAddressableStorage for CasService {
                 .parse::<usize>()
                 .map_err(|_| Status::invalid_argument("malformed page_token"))?
         };
-        let directories = self.walk_tree(&root)?;
+        let cas = CasService(self.0.clone());
+        let directories = blocking(move || cas.walk_tree(&root)).await?;
         if start > directories.len() {
             return Err(Status::invalid_argument(
                 "page_token is past the end of the tree",

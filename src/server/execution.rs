@@ -8,7 +8,7 @@
 //! BuildBuddy and NativeLink do. Attached clients share the Operation, its name and its
 //! cancellation.
 
-use super::context::{Context, missing_blobs, ok_status, pack, rpc_status};
+use super::context::{Context, blocking, missing_blobs, ok_status, pack, rpc_status};
 use super::digest::BlobDigest;
 use super::worker::{Finished, Job, Worker, now};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
@@ -179,15 +179,14 @@ impl Executor {
                     ..Default::default()
                 };
                 // Only complete, successful, cacheable runs enter the action cache.
-                if status.is_none()
-                    && result.exit_code == 0
-                    && !do_not_cache
-                    && let Err(e) = self
-                        .context
-                        .storage
-                        .put_action_result(&action_digest, &result)
-                {
-                    response.status = Some(rpc_status(&e));
+                if status.is_none() && result.exit_code == 0 && !do_not_cache {
+                    let (context, key, value) =
+                        (self.context.clone(), action_digest.clone(), result.clone());
+                    if let Err(e) =
+                        blocking(move || context.storage.put_action_result(&key, &value)).await
+                    {
+                        response.status = Some(rpc_status(&e));
+                    }
                 }
                 let mut result = result;
                 self.context.hostile.lie_about(&mut result);
@@ -229,11 +228,22 @@ impl Execution for ExecutionService {
             .enter("Execute", &request.instance_name, request.digest_function)
             .await?;
         let action_digest = BlobDigest::required(request.action_digest.as_ref(), "action_digest")?;
-        let action: Action = executor.fetch(&action_digest, "Action")?;
-        let command_digest =
-            BlobDigest::required(action.command_digest.as_ref(), "command_digest")?;
-        let command: Command = executor.fetch(&command_digest, "Command")?;
-        executor.context.check_platform(&action, &command)?;
+        let (reading, key) = (executor.clone(), action_digest.clone());
+        let skip_cache_lookup = request.skip_cache_lookup;
+        let (action, command, cached) = blocking(move || {
+            let action: Action = reading.fetch(&key, "Action")?;
+            let command_digest =
+                BlobDigest::required(action.command_digest.as_ref(), "command_digest")?;
+            let command: Command = reading.fetch(&command_digest, "Command")?;
+            reading.context.check_platform(&action, &command)?;
+            let cached = if skip_cache_lookup {
+                None
+            } else {
+                reading.context.storage.action_result(&key)?
+            };
+            Ok((action, command, cached))
+        })
+        .await?;
         let name = if executor.context.instance_name.is_empty() {
             format!("operations/{}", uuid::Uuid::new_v4())
         } else {
@@ -244,9 +254,7 @@ impl Execution for ExecutionService {
             )
         };
 
-        if !request.skip_cache_lookup
-            && let Some(result) = executor.context.storage.action_result(&action_digest)?
-        {
+        if let Some(result) = cached {
             let response = ExecuteResponse {
                 result: Some(result),
                 cached_result: true,

@@ -5,8 +5,9 @@
 //! file that no longer matches is removed and the blob reported missing, for clients to upload
 //! again.
 //!
-//! Disk access is synchronous: blobs are small relative to a test machine's page cache and the
-//! server is for tests and single machines, so the simplicity is worth the brief blocking.
+//! Access is synchronous (disk reads, writes and hashing): the services call the storage from
+//! blocking threads ([`super::context::blocking`]), never from the async ones, except for the
+//! existence checks (a `stat`) of ByteStream writes.
 
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
