@@ -6,6 +6,10 @@
 #     word, in `-Xthinlto-distributor=`, in an inline code span of options, as a DTLTO_REAPI_*
 #     variable, or as a key of a dtlto-reapi TOML file) is one the built binary has;
 #   - every port a README names is one the configuration files of its recipe use;
+#   - every worker runs at most as many actions at once as its host has cores unless told
+#     otherwise: NativeLink's max_inflight_tasks, Buildbarn's runner concurrency and BuildBuddy's
+#     EstimatedCPU follow the variable or property the recipe's README names, and every start
+#     command sets that variable;
 #   - the BuildBuddy credential helper answers `get` with valid JSON, and fails without a key.
 # Each problem is one line `check-deploy: FILE: problem`; the exit status is 1 if there was any.
 #
@@ -157,6 +161,10 @@ def check_toml(path, text):
 # Parse every file.
 
 parsed = {}  # path -> parsed data (configuration files only)
+# The variables that set how many actions a worker runs at once, with a value to recognise: a bound
+# that follows its variable comes out as BOUND after parsing.
+BOUND = 7
+EXT_VARS = {"BB_WORKER_CONCURRENCY": str(BOUND)}
 counts = {}
 
 
@@ -179,7 +187,7 @@ for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
             parsed[path] = docs
             scan_text(path, text)
         elif suffix in (".jsonnet", ".libsonnet"):
-            parsed[path] = json.loads(jsonnet.evaluate_file(str(path)))
+            parsed[path] = json.loads(jsonnet.evaluate_file(str(path), ext_vars=EXT_VARS))
         elif suffix == ".toml":
             data = check_toml(path, text)
             if data is not None:
@@ -271,6 +279,113 @@ for readme in sorted(DEPLOY.rglob("README.md")):
 
 
 # ---------------------------------------------------------------------------------------------
+# Actions at once per worker. One ThinLTO backend compile keeps one core busy: a worker without a
+# bound starts every action it is given (NativeLink's default: a 2-core host ran ~190 compiles of
+# one link at once). Each bound must follow the knob its README names, and every command that
+# starts the worker must set it.
+
+def expand_env(text, env):
+    # NativeLink's shellexpand: ${VAR} and ${VAR:-default}; an unset variable without a default
+    # is an error (None here).
+    def one(m):
+        value = env.get(m.group(1), m.group(3))
+        if value is None:
+            raise KeyError(m.group(1))
+        return value
+    try:
+        return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}", one, text)
+    except KeyError:
+        return None
+
+
+def readme_names(readme, knob, what):
+    if not readme.exists() or f"`{knob}`" not in readme.read_text():
+        problem(readme, f"does not name `{knob}`, which bounds the actions a {what} runs at once")
+
+
+def start_commands(pattern):
+    # Logical lines of every README and configuration comment that run a worker.
+    for path in sorted(DEPLOY.rglob("*")):
+        if path.is_file() and path.suffix in (".md", ".json5", ".yml", ".yaml", ".jsonnet"):
+            text = re.sub(r"\\\n\s*(//\s*)?", " ", path.read_text())
+            for line in text.splitlines():
+                if re.search(pattern, line):
+                    yield path, line
+
+
+bounds_checked = 0
+NL_VAR = "NATIVELINK_MAX_INFLIGHT_TASKS"
+for path, data in sorted(parsed.items()):
+    if path.suffix != ".json5" or not isinstance(data, dict):
+        continue
+    for worker in data.get("workers") or []:
+        local = worker.get("local", {}) if isinstance(worker, dict) else {}
+        bounds_checked += 1
+        bound = local.get("max_inflight_tasks", 0)
+        if isinstance(bound, str):
+            bound = expand_env(bound, {NL_VAR: str(BOUND)})
+            bound = int(bound) if bound and bound.isdigit() else None
+        if not isinstance(bound, int) or bound <= 0:
+            problem(path, f"a NativeLink worker without a positive max_inflight_tasks starts every action it is given at once")
+        readme_names(path.parent / "README.md", "max_inflight_tasks", "NativeLink worker")
+        uses_var = NL_VAR in json.dumps(local.get("max_inflight_tasks", ""))
+        if uses_var:
+            for where, line in start_commands(r"\bnativelink\s+\S*" + re.escape(path.name)):
+                if f"{NL_VAR}=" not in line:
+                    problem(where, f"starts {path.name} without {NL_VAR}=")
+            # Pods that run it (the ConfigMap holds the same file) must set the variable.
+            for yml, docs in parsed.items():
+                if yml.suffix not in (".yml", ".yaml"):
+                    continue
+                for doc in docs:
+                    spec = (((doc or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+                    for c in spec.get("containers") or []:
+                        if any(path.name in str(a) for a in c.get("args") or []):
+                            names = {e.get("name") for e in c.get("env") or []}
+                            if NL_VAR not in names:
+                                problem(yml, f"container {c.get('name')} runs {path.name} without {NL_VAR}")
+
+for path, data in sorted(parsed.items()):
+    if path.suffix != ".jsonnet" or not isinstance(data, dict):
+        continue
+    for build_dir in data.get("buildDirectories") or []:
+        for runner in build_dir.get("runners") or []:
+            bounds_checked += 1
+            if runner.get("concurrency") != BOUND:
+                problem(path, f"runner concurrency is {runner.get('concurrency')!r}, not BB_WORKER_CONCURRENCY: it must follow the variable the README names")
+            readme_names(path.parent.parent / "README.md", "concurrency", "Buildbarn worker")
+            compose = path.parent.parent / "docker-compose.yml"
+            if compose in parsed:
+                services = parsed[compose][0].get("services", {})
+                runs = [s for s in services.values() if any(path.name in str(a) for a in s.get("command") or [])]
+                for service in runs:
+                    value = str((service.get("environment") or {}).get("BB_WORKER_CONCURRENCY", ""))
+                    if not value.startswith("${BB_WORKER_CONCURRENCY:?"):
+                        problem(compose, "the worker must get BB_WORKER_CONCURRENCY, required (${BB_WORKER_CONCURRENCY:?...})")
+                for where, line in start_commands(r"docker compose up"):
+                    if where.parent == compose.parent and "BB_WORKER_CONCURRENCY=" not in line:
+                        problem(where, "starts the cluster without BB_WORKER_CONCURRENCY=")
+
+for path, data in sorted(parsed.items()):
+    if path.parent.name != "buildbuddy":
+        continue
+    if path.suffix == ".yaml" and isinstance(data, list) and data and "executor" in data[0]:
+        bounds_checked += 1
+        millicpu = data[0]["executor"].get("millicpu", 0)
+        if not isinstance(millicpu, int) or millicpu < 0:
+            problem(path, f"executor millicpu {millicpu!r} is not a number of thousandths of a core")
+        readme_names(path.parent / "README.md", "millicpu", "BuildBuddy executor")
+    if path.suffix == ".toml":
+        text = path.read_text()
+        lines = [data.get("platform", [])] + [
+            tomllib.loads(m)["platform"] for m in re.findall(r"^#\s*(platform\s*=.*)$", text, re.M)]
+        for platform in lines:
+            bounds_checked += 1
+            if "EstimatedCPU=1" not in platform:
+                problem(path, f"platform {platform} lacks EstimatedCPU=1: BuildBuddy reserves 0.6 core per action without it")
+        readme_names(path.parent / "README.md", "EstimatedCPU", "BuildBuddy executor")
+
+# ---------------------------------------------------------------------------------------------
 # The BuildBuddy credential helper speaks the protocol.
 
 helper = DEPLOY / "buildbuddy" / "credential-helper.sh"
@@ -293,10 +408,12 @@ if helper.exists():
 
 # ---------------------------------------------------------------------------------------------
 
+problems = list(dict.fromkeys(problems))
 for line in problems:
     print(line, file=sys.stderr)
 summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 print(f"check-deploy: {summary} files checked ({jsonnet_impl}); {ports_checked} README ports; "
+      f"{bounds_checked} worker concurrency bounds; "
       f"{len(problems)} problem{'s' if len(problems) != 1 else ''}")
 sys.exit(1 if problems else 0)
 PYTHON

@@ -44,6 +44,9 @@ pub enum Command {
     Link(LinkArgs),
     /// Say why the jobs of a link missed the cache, from the --stats-json of an earlier link and of it.
     Explain(ExplainArgs),
+    /// The reaper of a distributor's local compiles (started by the distributor itself).
+    #[command(name = crate::executor::reaper::SUBCOMMAND, hide = true)]
+    ReapLocalCompiles,
 }
 
 #[derive(Debug, Args)]

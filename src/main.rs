@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{check, config, driver, explain, link, logging, server};
+use dtlto_reapi::{check, config, driver, executor, explain, link, logging, server};
 
 fn main() -> ExitCode {
     // Invoked as `<driver>-dtlto`: `dtlto-reapi link <driver> ARGS`.
@@ -23,6 +23,7 @@ fn main() -> ExitCode {
             logging::init(false);
             report(server::run(args))
         }
+        Some(Command::ReapLocalCompiles) => executor::reaper::run(),
         Some(Command::Link(args)) => report(Err(link::exec(&args.driver, &args.args))),
         Some(Command::Explain(args)) => {
             report(explain::run(&args.old, &args.new).map(|text| print!("{text}")))

@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -50,7 +50,7 @@ fn hanging_link(dir: &Path, jobs: usize) -> PathBuf {
 
 /// Starts dtlto-reapi in `dir` with `args`, its stderr captured.
 fn spawn_distributor(dir: &Path, args: &[String]) -> Child {
-    Command::new(common::distributor())
+    common::dtlto_reapi()
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
@@ -279,6 +279,31 @@ fn sigkill_of_the_distributor_kills_its_compiles() {
     assert_all_died(&pids);
 }
 
+/// A job file of `jobs` jobs whose compiler is a wrapper that ignores SIGTERM and runs two
+/// children of its own — one in the background, one in the foreground, both ignoring SIGTERM too —
+/// recording all three pids in `pids`, as a compiler wrapper or clang's own subprocesses would.
+fn wrapper_link(dir: &Path, jobs: usize) -> PathBuf {
+    let script = "#!/bin/sh\ntrap '' TERM\necho $$ >> pids\nsleep 30 &\necho $! >> pids\n\
+                  sh -c 'echo $$ >> pids; exec sleep 30'\nwait\n";
+    job_file_with_compiler(dir, "wrapper compiler.sh", script, jobs)
+}
+
+#[test]
+fn sigkill_of_the_distributor_kills_the_children_of_its_compiles_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_file = wrapper_link(dir.path(), 2);
+    let mut child = spawn_distributor(
+        dir.path(),
+        &["--jobs=2".to_owned(), job_file.display().to_string()],
+    );
+    // Two compiles of three processes each.
+    let pids = compiler_pids(dir.path(), 6);
+    assert!(pids.iter().all(|&pid| running(pid)), "{pids:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_all_died(&pids);
+}
+
 #[test]
 fn a_second_ctrl_c_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -325,7 +350,7 @@ fn staged_files_of_a_killed_run_are_removed_by_the_next_run() {
         .path()
         .join(format!(".m0.native.o.dtlto-{}-Xy12Ab.tmp", i32::MAX));
     std::fs::write(&leftover, b"half").unwrap();
-    let output = Command::new(common::distributor())
+    let output = common::dtlto_reapi()
         .arg(&job_file)
         .current_dir(dir.path())
         .output()

@@ -1,19 +1,27 @@
 //! Local compiles die with the distributor, even when it is killed with SIGKILL and cannot
 //! terminate them itself: each compiler process asks the kernel for SIGKILL when its parent dies
-//! (`PR_SET_PDEATHSIG`).
+//! (`PR_SET_PDEATHSIG`), and leads a process group of its own, which the reaper (`reaper`) kills
+//! with whatever the compiler started in it.
 //!
-//! The kernel sends that signal when the *thread* that forked the child exits, not the process.
-//! Async tasks fork from whichever runtime thread runs them, and a runtime may retire its threads, so
-//! every compile is forked by one dedicated thread, [`Spawner`], that lives as long as the run.
+//! The kernel sends the parent-death signal when the *thread* that forked the child exits, not the
+//! process. Async tasks fork from whichever runtime thread runs them, and a runtime may retire its
+//! threads, so every compile is forked by one dedicated thread, [`Spawner`], that lives as long as
+//! the run; it also registers each new group with the reaper right after the fork.
 
 use std::io;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+use super::reaper::{Reaper, Watched};
+
+/// A started compile: the child, and its process group's registration with the reaper (None when
+/// the reaper could not be started), to be dropped once the child has been waited for.
+pub type Started = (Child, Option<Watched>);
+
 /// A command to start and where to send the started child.
-type Request = (Command, oneshot::Sender<io::Result<Child>>);
+type Request = (Command, oneshot::Sender<io::Result<Started>>);
 
 /// The thread that forks every local compile; it exits when the spawner is dropped.
 pub struct Spawner {
@@ -22,24 +30,33 @@ pub struct Spawner {
 
 impl Spawner {
     /// Starts the spawner thread, which forks under the current tokio runtime (so that children are
-    /// reaped by it). Must be called within a runtime.
-    pub fn new() -> io::Result<Spawner> {
+    /// reaped by it). `reaper` starts the reaper, before the first compile (see
+    /// `reaper::command`). Must be called within a runtime.
+    pub fn new(reaper: Option<std::process::Command>) -> io::Result<Spawner> {
         let runtime = tokio::runtime::Handle::current();
         let (requests, incoming) = mpsc::channel::<Request>();
         std::thread::Builder::new()
             .name("dtlto-spawner".to_owned())
             .spawn(move || {
                 let _runtime = runtime.enter();
+                let mut reaper = Reaping::NotStarted(reaper);
                 for (mut command, reply) in incoming {
-                    let _ = reply.send(command.spawn());
+                    let reaper = reaper.get();
+                    let started = command.spawn().map(|child| {
+                        let watched = reaper.zip(child.id()).map(|(r, id)| r.watch(id));
+                        (child, watched)
+                    });
+                    let _ = reply.send(started);
                 }
             })?;
         Ok(Spawner { requests })
     }
 
-    /// Starts `command` as a child that receives SIGKILL when this process dies.
-    pub async fn spawn(&self, mut command: Command) -> io::Result<Child> {
+    /// Starts `command` as a child that leads a process group of its own, receives SIGKILL when
+    /// this process dies, and whose group the reaper kills then.
+    pub async fn spawn(&self, mut command: Command) -> io::Result<Started> {
         let parent = libc::pid_t::try_from(std::process::id()).map_err(io::Error::other)?;
+        command.process_group(0);
         // SAFETY: `die_with_parent` only makes async-signal-safe system calls.
         unsafe {
             command.pre_exec(move || die_with_parent(parent));
@@ -48,6 +65,34 @@ impl Spawner {
         let (reply, started) = oneshot::channel();
         self.requests.send((command, reply)).map_err(|_| gone())?;
         started.await.map_err(|_| gone())?
+    }
+}
+
+/// The reaper, started by the spawner thread on the first compile of the run (many remote runs
+/// never compile locally).
+enum Reaping {
+    NotStarted(Option<std::process::Command>),
+    Started(Option<Arc<Reaper>>),
+}
+
+impl Reaping {
+    /// The reaper, starting it if need be; None when it cannot run (with a log line: the compilers
+    /// still die with the distributor, only their own children are unguarded).
+    fn get(&mut self) -> Option<&Arc<Reaper>> {
+        if let Reaping::NotStarted(command) = self {
+            let reaper = command.take().and_then(|command| {
+                Reaper::start(command)
+                    .map_err(
+                        |e| tracing::warn!(error = %e, "cannot start the reaper of local compiles"),
+                    )
+                    .ok()
+            });
+            *self = Reaping::Started(reaper);
+        }
+        match self {
+            Reaping::Started(reaper) => reaper.as_ref(),
+            Reaping::NotStarted(_) => None,
+        }
     }
 }
 
@@ -72,10 +117,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn starts_children_and_reports_failures_to_start() {
-        let spawner = Spawner::new().unwrap();
+        let spawner = Spawner::new(None).unwrap();
         let mut command = Command::new("/bin/sh");
         command.args(["-c", "exit 7"]);
-        let status = spawner.spawn(command).await.unwrap().wait().await.unwrap();
+        let (mut child, watched) = spawner.spawn(command).await.unwrap();
+        assert!(watched.is_none());
+        let status = child.wait().await.unwrap();
         assert_eq!(status.code(), Some(7));
         let missing = spawner.spawn(Command::new("/nonexistent/compiler")).await;
         assert!(missing.is_err());

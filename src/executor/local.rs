@@ -65,11 +65,11 @@ pub async fn run_job(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // Its own process group, so that terminating it reaches whatever it started too (a wrapper
-        // script's compiler, clang's own subprocesses).
-        .process_group(0)
         .kill_on_drop(true);
-    let child = match spawner.spawn(command).await {
+    // In a process group of its own (see `child`), so that terminating it reaches whatever it
+    // started too (a wrapper script's compiler, clang's own subprocesses); the group stays
+    // registered with the reaper until the compile has been waited for.
+    let (child, _group) = match spawner.spawn(command).await {
         Ok(child) => child,
         Err(e) => {
             return LocalOutcome::Failed {

@@ -6,6 +6,7 @@
 
 mod child;
 pub mod local;
+pub mod reaper;
 pub mod remote;
 mod uploads;
 
@@ -131,7 +132,7 @@ impl LocalRunner {
     pub fn new(jobs: usize) -> std::io::Result<LocalRunner> {
         Ok(LocalRunner {
             slots: Semaphore::new(jobs.max(1)),
-            spawner: child::Spawner::new()?,
+            spawner: child::Spawner::new(Some(reaper::command()))?,
         })
     }
 

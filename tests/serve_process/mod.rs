@@ -8,6 +8,9 @@ use std::fmt::Debug;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+#[path = "../isolation/mod.rs"]
+pub mod isolation;
+
 /// How long the server may take to print its address.
 pub const STARTUP: Duration = Duration::from_secs(30);
 
@@ -26,7 +29,7 @@ where
             .is_some_and(|a| a.starts_with("--listen") || a == "--default-listen")
     });
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"));
-    cmd.arg("serve");
+    isolation::isolate(&mut cmd).arg("serve");
     if listen.is_none() {
         cmd.arg("--listen=127.0.0.1:0");
     }

@@ -18,8 +18,9 @@ local common = import 'common.libsonnet';
     },
     runners: [{
       endpoint: { address: 'unix:///worker/runner' },
-      // Actions at once on this worker: about one per core of the host.
-      concurrency: 4,
+      // Actions at once on this worker: one per core of the host (one ThinLTO backend compile
+      // keeps one core busy), from BB_WORKER_CONCURRENCY (docker-compose.yml passes it on).
+      concurrency: std.parseInt(std.extVar('BB_WORKER_CONCURRENCY')),
       instanceNamePrefix: common.instanceNamePrefix,
       platform: { properties: common.platformProperties },
       workerId: { host: 'worker-0' },
