@@ -39,12 +39,89 @@ enum Mode {
     Dropped,
 }
 
+/// A directory that actions running as their own uids may read although a directory above it
+/// (root's home) is closed to them (`--readable`): in the action's mount namespace, that directory
+/// is covered by a tmpfs in which only the path down to `dir` exists, `dir` mounted there.
+struct Readable {
+    dir: CString,
+    /// The first directory above `dir` that other users cannot search.
+    cover: CString,
+    /// Whether this entry mounts the cover (the first of those sharing it).
+    mounts_cover: bool,
+    /// The directories to make in the cover, from below it down to `dir` itself.
+    steps: Vec<CString>,
+}
+
 /// How actions are isolated; everything prepared before any fork.
 #[derive(Clone)]
 pub struct Isolation {
     /// The directories to hide, as C strings.
     hidden: Arc<[CString]>,
+    /// The `--readable` directories that need a cover (root only).
+    readable: Arc<[Readable]>,
     mode: Mode,
+}
+
+/// `open_tree(2)` and `move_mount(2)` flags (not all in the libc crate).
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+
+/// Makes each readable directory visible under its cover; `trees` has one slot per directory for
+/// the detached copies of the directories, taken before any cover hides them. Async-signal-safe.
+///
+/// # Safety
+/// Only system calls on NUL-terminated strings that outlive the call.
+unsafe fn uncover(readable: &[Readable], trees: &mut [libc::c_int]) -> bool {
+    // SAFETY: as documented above.
+    unsafe {
+        for (entry, tree) in readable.iter().zip(trees.iter_mut()) {
+            let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE;
+            *tree = libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                entry.dir.as_ptr(),
+                flags,
+            ) as libc::c_int;
+            if *tree < 0 {
+                return false;
+            }
+        }
+        let tmpfs = c"tmpfs";
+        for (entry, tree) in readable.iter().zip(trees.iter()) {
+            if entry.mounts_cover
+                && libc::mount(
+                    tmpfs.as_ptr(),
+                    entry.cover.as_ptr(),
+                    tmpfs.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    c"mode=0755".as_ptr().cast(),
+                ) != 0
+            {
+                return false;
+            }
+            for step in &entry.steps {
+                if libc::mkdir(step.as_ptr(), 0o755) != 0
+                    && *libc::__errno_location() != libc::EEXIST
+                {
+                    return false;
+                }
+            }
+            let moved = libc::syscall(
+                libc::SYS_move_mount,
+                *tree,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                entry.dir.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            );
+            libc::close(*tree);
+            if moved != 0 {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Writes `contents` to the file `path`; async-signal-safe.
@@ -81,7 +158,13 @@ fn mask_sigterm(how: libc::c_int) {
 /// then forks, stays behind to pass on the exit status ([`relay`]), and its child — process 1 of
 /// the new PID namespace — mounts its own `/proc`, covers the hidden directories, becomes the
 /// action's user and goes on to exec the action.
-fn enter(hidden: &[CString], mode: &Mode, ids: (u32, u32)) -> std::io::Result<()> {
+fn enter(
+    hidden: &[CString],
+    readable: &[Readable],
+    trees: &mut [libc::c_int],
+    mode: &Mode,
+    ids: (u32, u32),
+) -> std::io::Result<()> {
     let fail = || Err(std::io::Error::last_os_error());
     // SAFETY: plain system calls on NUL-terminated strings that outlive the calls.
     unsafe {
@@ -130,6 +213,9 @@ fn enter(hidden: &[CString], mode: &Mode, ids: (u32, u32)) -> std::io::Result<()
         {
             return fail();
         }
+        if !uncover(readable, trees) {
+            return fail();
+        }
         let proc = c"proc";
         if libc::mount(
             proc.as_ptr(),
@@ -144,6 +230,7 @@ fn enter(hidden: &[CString], mode: &Mode, ids: (u32, u32)) -> std::io::Result<()
         let tmpfs = c"tmpfs";
         for path in hidden {
             let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
+            // A directory under a `--readable` cover may not exist here: then it is hidden already.
             if libc::mount(
                 tmpfs.as_ptr(),
                 path.as_ptr(),
@@ -151,6 +238,7 @@ fn enter(hidden: &[CString], mode: &Mode, ids: (u32, u32)) -> std::io::Result<()
                 flags,
                 std::ptr::null(),
             ) != 0
+                && *libc::__errno_location() != libc::ENOENT
             {
                 return fail();
             }
@@ -224,7 +312,12 @@ impl Isolation {
     /// Checks the `--hide` directories against the work root and probes for namespaces. `private`
     /// are directories hidden as well when namespaces are available (the server's own state, such
     /// as `--cas-dir`), without making their absence of isolation an error.
-    pub fn new(hide: &[PathBuf], private: &[PathBuf], work_root: &Path) -> anyhow::Result<Self> {
+    pub fn new(
+        hide: &[PathBuf],
+        readable: &[PathBuf],
+        private: &[PathBuf],
+        work_root: &Path,
+    ) -> anyhow::Result<Self> {
         let mut hidden = Vec::new();
         for path in hide {
             let canonical = path
@@ -258,8 +351,15 @@ impl Isolation {
         } else {
             Mode::Mapped(Arc::new((map(uid)?, map(gid)?)))
         };
+        let readable = if matches!(mode, Mode::Dropped) {
+            covers(readable, work_root)?
+        } else {
+            // Actions have the server's user's rights: what it reads, they read.
+            Vec::new()
+        };
         let mut isolation = Self {
             hidden: hidden.into(),
+            readable: readable.into(),
             mode,
         };
         if let Err(e) = isolation.probe() {
@@ -272,6 +372,7 @@ impl Isolation {
             );
             isolation.mode = Mode::Unisolated;
             isolation.hidden = Arc::new([]);
+            isolation.readable = Arc::new([]);
         }
         Ok(isolation)
     }
@@ -310,11 +411,14 @@ impl Isolation {
             return;
         }
         let hidden = self.hidden.clone();
+        let readable = self.readable.clone();
         let mode = self.mode.clone();
+        // Allocated here: the hook must not allocate.
+        let mut trees = vec![-1; readable.len()];
         // SAFETY: `enter` only makes system calls, as a pre_exec hook must.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(command, move || {
-                enter(&hidden, &mode, ids)
+                enter(&hidden, &readable, &mut trees, &mode, ids)
             });
         }
     }
@@ -342,4 +446,52 @@ impl Isolation {
             }
         }
     }
+}
+
+/// The covers `--readable` directories need: for each, the first directory above it that other
+/// users cannot search (none, and nothing to do, when every one can be searched).
+fn covers(readable: &[PathBuf], work_root: &Path) -> anyhow::Result<Vec<Readable>> {
+    use std::os::unix::fs::PermissionsExt;
+    let c = |path: &Path| CString::new(path.as_os_str().as_bytes());
+    let mut entries: Vec<Readable> = Vec::new();
+    for path in readable {
+        let dir = path
+            .canonicalize()
+            .with_context(|| format!("--readable {}: cannot resolve it", path.display()))?;
+        if !dir.is_dir() {
+            bail!("--readable {}: not a directory", path.display());
+        }
+        let mut above: Vec<&Path> = dir.ancestors().skip(1).collect();
+        above.reverse();
+        let closed = above
+            .into_iter()
+            .find(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0));
+        let Some(cover) = closed else { continue };
+        if work_root.starts_with(cover) {
+            bail!(
+                "--readable {}: actions cannot enter {}, which also holds the action work root {}; \
+                 choose another --work-dir",
+                path.display(),
+                cover.display(),
+                work_root.display()
+            );
+        }
+        let mut steps: Vec<CString> = dir
+            .ancestors()
+            .take_while(|a| *a != cover)
+            .map(c)
+            .collect::<Result<_, _>>()?;
+        steps.reverse();
+        let cover = c(cover)?;
+        let mounts_cover = !entries.iter().any(|e| e.cover == cover);
+        entries.push(Readable {
+            dir: c(&dir)?,
+            cover,
+            mounts_cover,
+            steps,
+        });
+    }
+    // Every directory is taken before any cover goes up, so the order does not matter beyond
+    // mounting each cover before its steps.
+    Ok(entries)
 }

@@ -90,6 +90,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub hide: Vec<PathBuf>,
 
+    /// When the server runs as root, let actions (unprivileged uids of their own) read DIR although
+    /// a directory above it is closed to them, such as root's home: in each action's mount
+    /// namespace, the first such directory is covered by an empty tmpfs in which only DIR appears.
+    /// For compilers run from their host path (--toolchain=worker). Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub readable: Vec<PathBuf>,
+
     /// Largest total of blob bytes in one BatchUpdateBlobs or BatchReadBlobs; advertised in the
     /// capabilities and enforced. Larger blobs must go through ByteStream.
     #[arg(long, default_value_t = 4 * 1024 * 1024, value_name = "BYTES")]
@@ -338,7 +345,7 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
     // The server's own state is none of the actions' business.
     let mut private: Vec<PathBuf> = args.cas_dir.iter().cloned().collect();
     private.extend(socket_dir.as_ref().map(|dir| dir.path().to_path_buf()));
-    let isolation = isolation::Isolation::new(&args.hide, &private, &work_root)?;
+    let isolation = isolation::Isolation::new(&args.hide, &args.readable, &private, &work_root)?;
     if isolation.own_ids() {
         // Actions, running as other users, must reach their own directories inside.
         std::fs::set_permissions(&work_root, std::fs::Permissions::from_mode(0o711))
