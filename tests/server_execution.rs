@@ -7,7 +7,7 @@ mod support_server;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     Digest, Directory, ExecuteRequest, ExecuteResponse, FileNode, Tree, WaitExecutionRequest,
 };
-use bazel_remote_apis::google::longrunning::{CancelOperationRequest, Operation};
+use bazel_remote_apis::google::longrunning::Operation;
 use bazel_remote_apis::google::protobuf::Timestamp;
 use futures::StreamExt;
 use prost::Message;
@@ -241,14 +241,7 @@ async fn wait_execution_reattaches_and_cancel_operation_stops_an_action() {
     drop(stream);
     assert!(!first.done);
 
-    server
-        .operations()
-        .cancel_operation(CancelOperationRequest {
-            name: first.name.clone(),
-        })
-        .await
-        .expect("CancelOperation");
-    let (_, response) = server.wait_execution(&first.name).await;
+    let response = server.cancel(&first.name).await;
     assert_eq!(
         response.status.expect("status").code,
         Code::Cancelled as i32

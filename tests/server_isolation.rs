@@ -6,7 +6,6 @@
 
 mod support_server;
 
-use bazel_remote_apis::google::longrunning::CancelOperationRequest;
 use futures::StreamExt;
 use sha2::{Digest as _, Sha256};
 use std::os::unix::fs::PermissionsExt;
@@ -167,14 +166,7 @@ async fn a_cancelled_action_is_gone_with_everything_it_started() {
         assert!(started.elapsed() < Duration::from_secs(30), "never started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    server
-        .operations()
-        .cancel_operation(CancelOperationRequest {
-            name: first.name.clone(),
-        })
-        .await
-        .expect("CancelOperation");
-    let (_, response) = server.wait_execution(&first.name).await;
+    let response = server.cancel(&first.name).await;
     assert_eq!(
         response.status.expect("status").code,
         Code::Cancelled as i32

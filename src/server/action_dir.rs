@@ -30,11 +30,26 @@ impl ActionDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Removes the directory now (blocking), before the action's ids go to another action.
+    pub fn remove(mut self) -> Result<(), Status> {
+        let path = std::mem::take(&mut self.path);
+        remove_all(&path).map_err(|e| {
+            Status::internal(format!(
+                "cannot remove the action directory {}: {e}",
+                path.display()
+            ))
+        })
+    }
 }
 
 impl Drop for ActionDir {
+    /// On the way out of a failed run: removal in the background.
     fn drop(&mut self) {
         let path = std::mem::take(&mut self.path);
+        if path.as_os_str().is_empty() {
+            return;
+        }
         let remove = move || {
             if let Err(e) = remove_all(&path) {
                 eprintln!(

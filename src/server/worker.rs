@@ -321,7 +321,7 @@ async fn spawn(process: &mut tokio::process::Command) -> std::io::Result<tokio::
 /// The most bytes an action's stdout, and its stderr, may hold; more is an action error.
 pub const MAX_STREAM_BYTES: u64 = 64 << 20;
 
-/// Uploads outputs, stdout and stderr; the action's directory goes when `dir` is dropped.
+/// Uploads outputs, stdout and stderr, then removes the action's directory.
 fn collect(
     context: &Context,
     root: &Path,
@@ -336,5 +336,6 @@ fn collect(
     };
     result.stdout_digest = upload("stdout")?;
     result.stderr_digest = upload("stderr")?;
+    dir.remove()?;
     Ok(result)
 }
