@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, Digest};
 use bazel_remote_apis::google::bytestream::ReadResponse;
+use bazel_remote_apis::google::protobuf::Timestamp;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use tonic::Status;
 
@@ -93,6 +94,7 @@ pub struct Hostile {
     bad_reads: AtomicU32,
     output_size: Option<u64>,
     stderr_size: Option<u64>,
+    absurd_timestamps: bool,
 }
 
 impl Hostile {
@@ -101,6 +103,7 @@ impl Hostile {
         reads: Option<ReadFaults>,
         output_size: Option<u64>,
         stderr_size: Option<u64>,
+        absurd_timestamps: bool,
     ) -> Hostile {
         Hostile {
             slow: slow.iter().map(|r| (r.rpc.clone(), r.delay)).collect(),
@@ -108,6 +111,7 @@ impl Hostile {
             bad_reads: AtomicU32::new(reads.map_or(0, |r| r.count)),
             output_size,
             stderr_size,
+            absurd_timestamps,
         }
     }
 
@@ -120,8 +124,24 @@ impl Hostile {
 
     /// Rewrites an executed action's result the way the knobs say: every output file claims
     /// `--fault-output-size` bytes, and stderr becomes an invented blob of `--fault-stderr-size`
-    /// bytes (served only by ByteStream reads, never stored).
+    /// bytes (served only by ByteStream reads, never stored), and the metadata's timestamps are
+    /// `--fault-absurd-timestamps`.
     pub fn lie_about(&self, result: &mut ActionResult) {
+        if self.absurd_timestamps
+            && let Some(meta) = &mut result.execution_metadata
+        {
+            let at = |seconds, nanos| Some(Timestamp { seconds, nanos });
+            // Each fits in microseconds since the epoch; their differences do not.
+            let (past, future) = (at(-9_223_372_036, 0), at(9_223_372_036_854, 0));
+            meta.queued_timestamp = past;
+            meta.worker_start_timestamp = past;
+            meta.worker_completed_timestamp = future;
+            meta.execution_start_timestamp = past;
+            meta.execution_completed_timestamp = future;
+            // These fit nothing.
+            meta.input_fetch_start_timestamp = at(i64::MIN, -1);
+            meta.input_fetch_completed_timestamp = at(i64::MAX, i32::MAX);
+        }
         if let Some(size) = self.output_size {
             for file in &mut result.output_files {
                 if let Some(digest) = &mut file.digest {
@@ -223,7 +243,7 @@ mod tests {
 
     #[tokio::test]
     async fn invents_only_its_own_blob_and_only_what_is_asked() {
-        let hostile = Hostile::new(&[], None, None, Some(200_000));
+        let hostile = Hostile::new(&[], None, None, Some(200_000), false);
         assert!(hostile.invented_read("ab", 0, 0).is_none());
         let read: Vec<_> = hostile
             .invented_read(INVENTED_HASH, 10, 100_000)
