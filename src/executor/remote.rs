@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
 
 use super::context::RunContext;
@@ -22,10 +22,7 @@ use super::uploads::Uploads;
 use crate::advice;
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
-use crate::reapi::{
-    self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
-    parse_helper_arg,
-};
+use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError};
 use crate::settings::{Compression, Mode, Settings};
 use crate::staging::StagedOutputs;
 use crate::stats::{JobRecord, Ran, ServerTimes, Status};
@@ -96,18 +93,18 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
             serde_json::to_value(settings.mode)?.as_str().unwrap_or("?")
         );
     };
-    let mut options = ConnectionOptions::new(endpoint.clone());
+    let mut options = ConnectionOptions::new(endpoint.as_str());
     options.instance_name = settings.instance_name.clone();
     options.headers = settings
         .remote_header
         .iter()
-        .map(|h| parse_header_arg(h).map_err(|why| anyhow!("a --remote-header {why}")))
-        .collect::<Result<_, _>>()?;
+        .map(|h| (h.name.clone(), h.value.clone()))
+        .collect();
     options.credential_helpers = settings
         .credential_helper
         .iter()
-        .map(|h| parse_helper_arg(h).map_err(|why| anyhow!("--credential-helper `{h}`: {why}")))
-        .collect::<Result<_, _>>()?;
+        .map(|h| h.helper.clone())
+        .collect();
     options.credential_helper_timeout = Duration::from_secs(settings.credential_helper_timeout);
     options.tls.ca_cert = settings.tls_ca_cert.clone();
     options.tls.client_cert = settings.tls_client_cert.clone();

@@ -24,6 +24,15 @@ pub fn parse_header_arg(arg: &str) -> Result<(String, String), String> {
     }
 }
 
+/// Checks a header name's form; the error says what is wrong with it.
+pub fn check_header_name(name: &str) -> Result<(), String> {
+    match header_key(name) {
+        Ok(_) => Ok(()),
+        Err(ReapiError::Config(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Checks one header and resolves its value; `env` looks up environment variables.
 pub(crate) fn resolve_header<E>(
     name: &str,
