@@ -498,19 +498,22 @@ mod tests {
             remote_compiler: Some("/usr/bin/clang"),
         };
         let cache = crate::cache::DigestCache::open(None);
-        let (toolchain, _) = Toolchain::resolve(&common_args, request, &cache).unwrap();
+        let environment = super::super::environment::Environment::new(&[]).unwrap();
+        let (toolchain, _) =
+            Toolchain::resolve(&common_args, request, &environment, &cache).unwrap();
         let options = ActionOptions {
             toolchain: std::sync::Arc::new(toolchain),
             toolchain_blobs: std::sync::Arc::new([]),
             remote_compiler: Some("/usr/bin/clang".to_owned()),
             platform: vec![("OSFamily".to_owned(), "linux".to_owned())],
+            environment: std::sync::Arc::new(environment),
             legacy_output_files: false,
         };
         let spec = build(&file, &file.jobs[0], layout, &digests, &options).unwrap();
         let shown = |d: &crate::reapi::Digest| crate::reapi::digest::display(d).to_string();
         assert_eq!(
             shown(&spec.action_digest),
-            "0c74f8e0ec39b09134023938f5c53f8bbd0983f8f319bbdcbfd063dc2fdf4310/253",
+            "5158867915cebea58d25fe4759a96c0d92f1281d32c4739a5fcf1a4ef49eb8bd/253",
             "{:#?}",
             spec.parts
         );
