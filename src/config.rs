@@ -86,7 +86,12 @@ pub fn resolve(args: &SettingsArgs, matches: &ArgMatches) -> Result<ResolvedSett
     }
     let layers: SettingsArgs =
         serde_json::from_value(Value::Object(merged)).context("combining settings")?;
-    let settings = Settings::with_defaults(layers)?;
+    let origin = |key: &str| {
+        sources
+            .get(key)
+            .map_or_else(|| Source::Default.to_string(), Source::to_string)
+    };
+    let settings = Settings::with_defaults(layers, &origin)?;
     for key in as_map(&settings)?.keys() {
         sources.entry(key.clone()).or_insert(Source::Default);
     }
@@ -318,7 +323,13 @@ mod tests {
             "remote-header = [\"a=env:A\"]",
         );
         assert_eq!(r.settings.mode, Mode::Remote);
-        assert_eq!(r.settings.remote_header, ["x-api-key=s3cret"]);
+        let headers: Vec<_> = r
+            .settings
+            .remote_header
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(headers, [("x-api-key", "s3cret")]);
         let report = r.report().unwrap();
         assert!(!report.contains("s3cret"), "{report}");
         assert!(report.contains("x-api-key=<hidden>"), "{report}");

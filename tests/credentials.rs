@@ -252,7 +252,6 @@ fn config_never_shows_secrets() {
         common::dtlto_reapi()
             .arg("config")
             .arg(format!("--remote-header=x-token={SECRET}"))
-            .arg("--remote-header=s3cret-without-equals")
             .arg(helper.option()),
     );
     let text = String::from_utf8_lossy(&out.stdout);
@@ -260,7 +259,18 @@ fn config_never_shows_secrets() {
     assert!(!text.contains(SECRET), "{text}");
     assert_eq!(helper.runs(), 0, "config must not run the helper");
 
-    // A header given without `=` is refused without being echoed.
+    // A header given without `=` is refused without being echoed, by `config` and by a link.
+    let out = common::dtlto_reapi()
+        .arg("config")
+        .arg("--remote-header=s3cret-without-equals")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("NAME=VALUE"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
     let (project, _) = chain_project(1);
     let server = server(&project, SECRET, &[]);
     let linked = link(

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, Digest};
 use bazel_remote_apis::google::bytestream::ReadResponse;
+use bazel_remote_apis::google::protobuf::Timestamp;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use tonic::Status;
 
@@ -99,6 +100,8 @@ pub struct Hostile {
     stderr_size: Option<u64>,
     /// Compressed reads get [`zstd_bomb`] instead of the blob.
     zstd_bomb: bool,
+    /// `--fault-absurd-timestamps`: executed actions' metadata reports absurd timestamps.
+    absurd_timestamps: bool,
 }
 
 impl Hostile {
@@ -115,12 +118,21 @@ impl Hostile {
             output_size,
             stderr_size,
             zstd_bomb: false,
+            absurd_timestamps: false,
         }
     }
 
     /// Answers every compressed ByteStream read with a zstd bomb (`--fault-zstd-bomb`).
     pub fn with_zstd_bomb(self, zstd_bomb: bool) -> Hostile {
         Hostile { zstd_bomb, ..self }
+    }
+
+    /// Executed actions' metadata reports absurd timestamps (`--fault-absurd-timestamps`).
+    pub fn with_absurd_timestamps(self, absurd_timestamps: bool) -> Hostile {
+        Hostile {
+            absurd_timestamps,
+            ..self
+        }
     }
 
     /// The responses of a compressed read when `--fault-zstd-bomb` is on: a frame of 128 KiB
@@ -148,8 +160,24 @@ impl Hostile {
 
     /// Rewrites an executed action's result the way the knobs say: every output file claims
     /// `--fault-output-size` bytes, and stderr becomes an invented blob of `--fault-stderr-size`
-    /// bytes (served only by ByteStream reads, never stored).
+    /// bytes (served only by ByteStream reads, never stored), and the metadata's timestamps are
+    /// `--fault-absurd-timestamps`.
     pub fn lie_about(&self, result: &mut ActionResult) {
+        if self.absurd_timestamps
+            && let Some(meta) = &mut result.execution_metadata
+        {
+            let at = |seconds, nanos| Some(Timestamp { seconds, nanos });
+            // Each fits in microseconds since the epoch; their differences do not.
+            let (past, future) = (at(-9_223_372_036, 0), at(9_223_372_036_854, 0));
+            meta.queued_timestamp = past;
+            meta.worker_start_timestamp = past;
+            meta.worker_completed_timestamp = future;
+            meta.execution_start_timestamp = past;
+            meta.execution_completed_timestamp = future;
+            // These fit nothing.
+            meta.input_fetch_start_timestamp = at(i64::MIN, -1);
+            meta.input_fetch_completed_timestamp = at(i64::MAX, i32::MAX);
+        }
         if let Some(size) = self.output_size {
             for file in &mut result.output_files {
                 if let Some(digest) = &mut file.digest {
