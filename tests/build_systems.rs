@@ -43,7 +43,10 @@ impl Recipe {
     /// Builds the project in `checkout` with the README's lines; returns the program.
     fn build(self, checkout: &Path, env: &BuildEnv, stats: &Path, remote: Option<&str>) -> PathBuf {
         let command = |program: &str| {
-            let mut cmd = Command::new(program);
+            let mut cmd = common::isolated(match program {
+                "cmake" | "make" => common::tools::system_tool(&[program], program),
+                _ => program.into(),
+            });
             cmd.current_dir(checkout)
                 .env("PATH", env.wrappers.path())
                 .env("DTLTO_REAPI_STATS_JSON", stats);
@@ -55,6 +58,8 @@ impl Recipe {
         };
         match self {
             Recipe::CMake => {
+                // CMake runs it as the compiler launcher: missing, it would fail deep in a build.
+                common::tools::system_tool(&["ccache"], "ccache");
                 // ccache's base_dir turns CMake's absolute source and include paths, which would
                 // end up inside the bitcode, into relative ones.
                 let with_ccache = |mut cmd: Command| {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use common::{CredentialHelper, Server, toolchain};
 
@@ -16,7 +16,7 @@ const SECRET: &str = "s3cret-check-token";
 fn check(args: &[&str]) -> Output {
     let empty = tempfile::tempdir().unwrap();
     common::run(
-        Command::new(common::distributor())
+        common::dtlto_reapi()
             .arg("check")
             .args(args)
             .current_dir(empty.path())

@@ -249,7 +249,7 @@ fn a_hanging_helper_is_killed_at_its_timeout() {
 fn config_never_shows_secrets() {
     let helper = CredentialHelper::answering(r#"{}"#);
     let out = common::run_ok(
-        std::process::Command::new(common::distributor())
+        common::dtlto_reapi()
             .arg("config")
             .arg(format!("--remote-header=x-token={SECRET}"))
             .arg("--remote-header=s3cret-without-equals")

@@ -9,7 +9,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use serde_json::json;
 
@@ -25,7 +25,7 @@ out=$1; shift
 ls -A "$out" >&2
 echo "left: $(ls -A "$out" | wc -l)" >&2
 exit $status"#;
-    let mut cmd = Command::new("unshare");
+    let mut cmd = common::isolated("unshare");
     // As root a mount namespace is enough; otherwise a user namespace grants the mount.
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -6,9 +6,8 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{Linked, Project, chain, distributor, run_ok, toolchain};
+use common::{Linked, Project, chain, run_ok, toolchain};
 use tempfile::TempDir;
 
 /// The archive holding the chain's last module.
@@ -47,7 +46,7 @@ fn link(
 
 /// `dtlto-reapi explain OLD NEW`'s output, one line per missed job then a count.
 fn explain(old: &Path, new: &Path) -> Vec<String> {
-    let out = run_ok(Command::new(distributor()).arg("explain").arg(old).arg(new));
+    let out = run_ok(common::dtlto_reapi().arg("explain").arg(old).arg(new));
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_owned)
@@ -180,12 +179,7 @@ fn a_file_that_is_not_stats_is_one_error_line() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
     fs::write(&bad, "{\"jobs\": 3}").unwrap();
-    let out = common::run(
-        Command::new(distributor())
-            .arg("explain")
-            .arg(&bad)
-            .arg(&bad),
-    );
+    let out = common::run(common::dtlto_reapi().arg("explain").arg(&bad).arg(&bad));
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

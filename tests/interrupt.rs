@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -50,7 +50,7 @@ fn hanging_link(dir: &Path, jobs: usize) -> PathBuf {
 
 /// Starts dtlto-reapi in `dir` with `args`, its stderr captured.
 fn spawn_distributor(dir: &Path, args: &[String]) -> Child {
-    Command::new(common::distributor())
+    common::dtlto_reapi()
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
@@ -350,7 +350,7 @@ fn staged_files_of_a_killed_run_are_removed_by_the_next_run() {
         .path()
         .join(format!(".m0.native.o.dtlto-{}-Xy12Ab.tmp", i32::MAX));
     std::fs::write(&leftover, b"half").unwrap();
-    let output = Command::new(common::distributor())
+    let output = common::dtlto_reapi()
         .arg(&job_file)
         .current_dir(dir.path())
         .output()

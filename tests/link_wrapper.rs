@@ -18,7 +18,7 @@ use common::{
 /// `program args…` in `project`'s directory with the wrappers first on PATH and every link's
 /// `--stats-json` going to `stats`.
 fn command(project: &Project, wrappers: &Wrappers, stats: &Path, program: &str) -> Command {
-    let mut cmd = Command::new(program);
+    let mut cmd = common::isolated(program);
     cmd.current_dir(project.dir())
         .env("PATH", wrappers.path())
         .env("DTLTO_REAPI_STATS_JSON", stats)
@@ -47,7 +47,7 @@ fn thinlto_links_through_a_symlink_and_a_copy_are_dtlto_links() {
         let stats = stats_dir(&project, &format!("{name} stats"));
         let output = format!("{name}/app");
         fs::create_dir_all(project.dir().join(name)).unwrap();
-        let mut cmd = Command::new(&wrapper);
+        let mut cmd = common::isolated(&wrapper);
         cmd.current_dir(project.dir())
             .env("PATH", wrappers.path())
             .env("DTLTO_REAPI_STATS_JSON", &stats)

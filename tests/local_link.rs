@@ -10,9 +10,8 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
-use common::{Chain, Linked, Project, chain, distributor, run, toolchain, write};
+use common::{Chain, Linked, Project, chain, run, toolchain, write};
 use serde_json::Value;
 
 /// Modules in the test program; the last one lives in the archive.
@@ -212,7 +211,7 @@ fn a_missing_input_fails_with_one_line_naming_the_job_and_the_file() {
     });
     write(&job_file, jobs.to_string().as_bytes());
 
-    let out = run(Command::new(distributor())
+    let out = run(common::dtlto_reapi()
         .current_dir(project.dir())
         .arg(&job_file));
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -145,7 +145,7 @@ fn a_dynamic_compiler_runs_through_its_uploaded_loader_and_libraries() {
     let server = server_hiding(project.dir());
     let stats_path = project.dir().join("stats.json");
     let out = run_ok(
-        Command::new(common::distributor())
+        common::dtlto_reapi()
             .current_dir(project.dir())
             .arg(format!("--remote={}", server.url()))
             .args(["--local-fallback=false", "--verbose"])

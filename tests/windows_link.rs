@@ -123,7 +123,7 @@ fn windows_project() -> Project {
 
 /// `zig TOOL ...` in `project`'s directory.
 fn zig_command(project: &Project, tool: &str) -> Command {
-    let mut cmd = Command::new(&zig().zig);
+    let mut cmd = common::isolated(&zig().zig);
     cmd.current_dir(project.dir()).arg(tool);
     cmd
 }
@@ -259,26 +259,11 @@ struct Wine {
 }
 
 impl Wine {
-    /// Debian's `wine64` (`/usr/lib/wine/wine64`), or `wine64` or `wine` on PATH; panics when there
-    /// is none: these tests need it.
+    /// Debian's `wine64` (`/usr/lib/wine/wine64`), or `wine64` or `wine` on PATH; panics naming the
+    /// package when there is none: these tests need it.
     fn new() -> Wine {
-        let on_path = |name: &str| {
-            std::env::var_os("PATH").and_then(|path| {
-                std::env::split_paths(&path)
-                    .map(|dir| dir.join(name))
-                    .find(|candidate| candidate.is_file())
-            })
-        };
-        let wine = Some(PathBuf::from("/usr/lib/wine/wine64"))
-            .filter(|debian| debian.is_file())
-            .or_else(|| on_path("wine64"))
-            .or_else(|| on_path("wine"))
-            .unwrap_or_else(|| {
-                panic!(
-                    "wine is not installed (Debian: apt-get install wine64; .ci/run installs it): \
-                     these tests run the linked Windows programs under wine"
-                )
-            });
+        let wine =
+            common::tools::system_tool(&["/usr/lib/wine/wine64", "wine64", "wine"], "wine64");
         let prefix = tempfile::Builder::new()
             .prefix("dtlto wine prefix ")
             .tempdir()
@@ -428,7 +413,7 @@ fn the_link_wrapper_gives_lld_link_and_an_msvc_target_clang_their_options() {
     let entry = ["/nodefaultlib", "/entry:main", "/subsystem:console"];
 
     // lld-link-dtlto: lld-link itself, with /thinlto-distributor: and the clang on PATH added.
-    let mut lld_link = Command::new("lld-link-dtlto");
+    let mut lld_link = common::isolated("lld-link-dtlto");
     lld_link
         .arg("/out:lld-link/app.exe")
         .args(project.inputs())
@@ -436,7 +421,7 @@ fn the_link_wrapper_gives_lld_link_and_an_msvc_target_clang_their_options() {
         .args(entry);
     // dtlto-reapi link clang --target=…-msvc: the options through -Xlinker, since clang would drop
     // -fthinlto-distributor= without a word.
-    let mut clang = Command::new(distributor());
+    let mut clang = common::dtlto_reapi();
     clang
         .arg("link")
         .arg(&common::toolchain().clang)

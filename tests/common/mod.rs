@@ -36,6 +36,20 @@ pub fn distributor() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_dtlto-reapi"))
 }
 
+/// `Command::new(program)` with the test process's private home and none of the developer's
+/// `DTLTO_REAPI_*` variables (see `isolation`): for every command that runs `dtlto-reapi`, directly
+/// or through a compiler driver, linker, build system or wrapper.
+pub fn isolated(program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    serve_process::isolation::isolate(&mut cmd);
+    cmd
+}
+
+/// The built `dtlto-reapi`, isolated like [`isolated`].
+pub fn dtlto_reapi() -> Command {
+    isolated(distributor())
+}
+
 /// Runs a command to completion, capturing its output; panics only when it cannot be started.
 pub fn run(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null())
@@ -315,7 +329,7 @@ impl Link<'_> {
             path.push(".stats.json");
             PathBuf::from(path)
         });
-        let mut cmd = Command::new(&tools.clang);
+        let mut cmd = isolated(&tools.clang);
         cmd.current_dir(dir)
             .args([TARGET, "-O2", "-flto=thin"])
             .arg(ld_flag)

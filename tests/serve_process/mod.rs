@@ -8,6 +8,9 @@ use std::fmt::Debug;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+#[path = "../isolation/mod.rs"]
+pub mod isolation;
+
 /// How long the server may take to print its address.
 pub const STARTUP: Duration = Duration::from_secs(30);
 
@@ -19,7 +22,8 @@ where
     S: AsRef<OsStr>,
 {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"));
-    cmd.arg("serve")
+    isolation::isolate(&mut cmd)
+        .arg("serve")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped());

@@ -102,3 +102,30 @@ pub fn script_paths<const N: usize>(script: &str, names: [&str; N]) -> [PathBuf;
         None => panic!("{} printed no {name}= line:\n{stdout}", script.display()),
     })
 }
+
+/// A program the tests take from the system rather than from the project's install scripts: its
+/// path, the first `candidates` entry that is a file (a name is looked up on PATH). Panics with one
+/// line naming the program and the command that installs it (`scripts/test.sh` installs them all),
+/// never with a bare "No such file or directory" when a test first runs it.
+pub fn system_tool(candidates: &[&str], debian_package: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    candidates
+        .iter()
+        .find_map(|candidate| {
+            let candidate = Path::new(candidate);
+            if candidate.is_absolute() {
+                Some(candidate.to_path_buf()).filter(|file| file.is_file())
+            } else {
+                std::env::split_paths(&path)
+                    .map(|dir| dir.join(candidate))
+                    .find(|file| file.is_file())
+            }
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{} is not installed: these tests need it (Debian: apt-get install {debian_package}; \
+                 scripts/test.sh installs everything the tests need)",
+                candidates.join(" or ")
+            )
+        })
+}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the test suite needs, then runs it
+# (`cargo test --release`, with any arguments passed on, e.g. `scripts/test.sh --test local_link`).
+#
+# - Debian packages: python3-venv (the PyPI tools' virtual environments), gcc and libc6-dev (crt
+#   files, libgcc and glibc for the test programs, and gcc as a link driver), cmake, make and ccache
+#   (the build-system recipes), wine64 (runs the Windows programs the COFF tests link). Installed
+#   with apt-get when missing, as root or through `sudo -n`; otherwise the script stops and prints
+#   the command that installs them.
+# - From PyPI, once, into ~/.cache/dtlto-reapi: clang/lld 22 (scripts/toolchain.sh, unless a
+#   clang/lld >= 21 is on PATH), the ziglang package (scripts/ziglang.sh) and BuildGrid
+#   (scripts/buildgrid.sh), the third-party REAPI server of the interop tests.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+packages=(python3-venv gcc libc6-dev cmake make ccache wine64)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+    if [[ $(id -u) -eq 0 ]]; then
+        as_root=()
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        as_root=(sudo -n)
+    else
+        echo "test.sh: the tests need these Debian packages: ${missing[*]}" >&2
+        echo "test.sh: install them with: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "test.sh: installing ${missing[*]}" >&2
+    "${as_root[@]}" apt-get update -q
+    "${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+echo "test.sh: clang/lld (scripts/toolchain.sh), ziglang (scripts/ziglang.sh), BuildGrid (scripts/buildgrid.sh)" >&2
+scripts/toolchain.sh >/dev/null
+scripts/ziglang.sh >/dev/null
+scripts/buildgrid.sh >/dev/null
+
+exec cargo test --release "$@"
