@@ -286,6 +286,7 @@ impl RemoteExecutor {
         if !remote_done {
             race.remote_ms = Some(millis(sent.elapsed()));
         }
+        trace::phase_since("race", sent, serde_json::to_value(&race).unwrap_or_default());
         let stored_locally = race.winner == Some(Side::Local);
         let (record, output) = outcome::record(ctx, &job, end, started.elapsed());
         if stored_locally {
