@@ -40,6 +40,11 @@ impl Failure {
             advice: advice.into(),
         }
     }
+
+    /// A failure of the REAPI client, with what it says to check.
+    fn reapi(e: &ReapiError, advice: impl Into<String>) -> Failure {
+        Failure::new(crate::advice::describe(e), advice)
+    }
 }
 
 /// Runs `step`, prints its line, and returns its value when it succeeded.
@@ -67,7 +72,7 @@ fn millis(d: Duration) -> String {
 
 /// Runs every check and returns the exit status: success only if a link would work.
 pub fn run(settings: &Settings, compiler: Option<&Path>, prepend: &[String]) -> ExitCode {
-    let Some(runtime) = crate::driver::runtime() else {
+    let Some(runtime) = crate::distribute::runtime() else {
         return ExitCode::FAILURE;
     };
     if runtime.block_on(check(settings, compiler, prepend)) {
@@ -143,8 +148,8 @@ async fn check(settings: &Settings, compiler: Option<&Path>, prepend: &[String])
 /// Opens the connection (and the TLS session) without a call.
 async fn connection(options: &ConnectionOptions) -> Step<()> {
     reapi::probe_connection(options).await.map_err(|e| {
-        Failure::new(
-            e,
+        Failure::reapi(
+            &e,
             "check that the server runs and that --remote names it (grpc://HOST:PORT without \
              TLS, grpcs://HOST:PORT with TLS, --tls-ca-cert for a private CA)",
         )
@@ -162,16 +167,16 @@ async fn connection(options: &ConnectionOptions) -> Step<()> {
 /// Runs the credential helper and the first call; reports where the headers came from.
 async fn authenticate(options: &ConnectionOptions) -> Step<Client> {
     let client = Client::connect(options).await.map_err(|e| match &e {
-        ReapiError::CredentialHelper { .. } => Failure::new(
-            e,
+        ReapiError::CredentialHelper { .. } => Failure::reapi(
+            &e,
             "fix the credential helper (run it by hand: `PATH get` with {\"uri\": \"...\"} on \
              stdin) or --credential-helper",
         ),
         ReapiError::Rpc {
             code: Code::Unauthenticated | Code::PermissionDenied,
             ..
-        } => Failure::new(
-            e,
+        } => Failure::reapi(
+            &e,
             "the server refused the credentials: give the header it expects with \
              --remote-header=NAME=env:VAR (is the variable set?) or --credential-helper",
         ),
@@ -185,11 +190,11 @@ async fn authenticate(options: &ConnectionOptions) -> Step<Client> {
                  its administrator configured",
                 options.instance_name
             ),
-            what: e.to_string(),
+            what: crate::advice::describe(&e),
         },
         _ => Failure {
             step: Some("first call"),
-            what: e.to_string(),
+            what: crate::advice::describe(&e),
             advice: "see the error above; is --remote the REAPI endpoint of the cluster?"
                 .to_string(),
         },
@@ -220,7 +225,7 @@ async fn capabilities(client: &Client, settings: &Settings) -> Step<()> {
     let caps = client
         .fetch_capabilities()
         .await
-        .map_err(|e| Failure::new(e, "see the error above"))?;
+        .map_err(|e| Failure::reapi(&e, "see the error above"))?;
     let used = client.capabilities();
     let cache = caps.cache_capabilities.clone().unwrap_or_default();
     let names = |values: &[i32], name: fn(i32) -> Option<&'static str>| -> String {
@@ -290,7 +295,7 @@ async fn cas_round_trip(client: &Client, writes: bool, ctx: &CallContext) -> Ste
         client
             .find_missing(std::slice::from_ref(&digest), ctx)
             .await
-            .map_err(|e| Failure::new(e, "see the error above"))?;
+            .map_err(|e| Failure::reapi(&e, "see the error above"))?;
         return Ok((
             (),
             "FindMissingBlobs works (no upload: links do not write, --remote-upload=false)"
@@ -304,11 +309,11 @@ async fn cas_round_trip(client: &Client, writes: bool, ctx: &CallContext) -> Ste
     client
         .upload(vec![blob], ctx)
         .await
-        .map_err(|e| Failure::new(&e, advice(&e)))?;
+        .map_err(|e| Failure::reapi(&e, advice(&e)))?;
     let back = client
         .download(&digest, ctx)
         .await
-        .map_err(|e| Failure::new(&e, advice(&e)))?;
+        .map_err(|e| Failure::reapi(&e, advice(&e)))?;
     if back != content {
         return Err(Failure::new(
             "the blob read back differs from the one uploaded",
@@ -327,7 +332,7 @@ async fn action_cache(client: &Client, ctx: &CallContext) -> Step<()> {
     let found = client
         .get_action_result(&nobody, &[], ctx)
         .await
-        .map_err(|e| Failure::new(e, "see the error above"))?;
+        .map_err(|e| Failure::reapi(&e, "see the error above"))?;
     let detail = match found {
         None => "lookup works (a miss, as expected)",
         Some(_) => "lookup works",
@@ -439,7 +444,7 @@ async fn execution(
             }
             _ => "see the error above",
         };
-        Failure::new(e, advice)
+        Failure::reapi(&e, advice)
     };
     let uploading = Instant::now();
     client

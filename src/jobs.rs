@@ -22,8 +22,6 @@ use serde_json::{Map, Value};
 pub struct JobFile {
     /// Where the job file was read from (as given on the command line).
     pub path: PathBuf,
-    /// `common.linker_output`: the link's output, for messages.
-    pub linker_output: String,
     /// `common.args`: the compiler followed by the arguments every job shares.
     pub common_args: Vec<String>,
     /// `common.inputs`: files every job needs (e.g. a sample profile).
@@ -124,7 +122,6 @@ impl JobFile {
         };
         let mut common_args = Vec::new();
         let mut common_inputs = Vec::new();
-        let mut linker_output = String::new();
         if let Some(common) = common {
             match strings(common, "args", "common") {
                 Ok(Some(args)) if args.is_empty() => problems
@@ -143,10 +140,8 @@ impl JobFile {
                 }
                 Err(p) => problems.push(p),
             }
-            match common.get("linker_output") {
-                Some(Value::String(s)) => linker_output = s.clone(),
-                Some(_) => problems.push("`common.linker_output` is not a string".to_owned()),
-                None => {}
+            if common.get("linker_output").is_some_and(|v| !v.is_string()) {
+                problems.push("`common.linker_output` is not a string".to_owned());
             }
         }
 
@@ -169,7 +164,6 @@ impl JobFile {
         if problems.is_empty() {
             Ok(JobFile {
                 path: path.to_owned(),
-                linker_output,
                 common_args,
                 common_inputs,
                 jobs,
@@ -405,7 +399,6 @@ mod tests {
     fn parses_a_real_shape() {
         let file = parse(valid()).unwrap();
         assert_eq!(file.compiler(), "clang");
-        assert_eq!(file.linker_output, "a.out");
         let job = &file.jobs[0];
         assert_eq!(job.module(), Path::new("t1.o"));
         assert_eq!(job.index_shard(), Path::new("t1.1.9.native.o.thinlto.bc"));
@@ -433,7 +426,6 @@ mod tests {
         let text = include_str!("bitcode/testdata/coff-dist-file.json");
         let file = parse(serde_json::from_str(text).unwrap()).unwrap();
         assert_eq!(file.compiler(), "/opt/ziglang/zig");
-        assert_eq!(file.linker_output, "a.exe");
         let member = Path::new("libt3.libt3.o158.3.453F.o");
         assert_eq!(file.jobs[0].imports(), [member, Path::new("t2.o")]);
         assert_eq!(file.jobs[2].module(), member);

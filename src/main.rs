@@ -4,14 +4,14 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{check, config, driver, executor, explain, link, logging, server};
+use dtlto_reapi::{check, config, distribute, executor, explain, logging, server, wrapper};
 
 fn main() -> ExitCode {
     // Invoked as `<driver>-dtlto`: `dtlto-reapi link <driver> ARGS`.
     let mut argv = std::env::args_os();
-    if let Some(driver) = argv.next().as_deref().and_then(link::wrapped_driver) {
+    if let Some(driver) = argv.next().as_deref().and_then(wrapper::wrapped_driver) {
         let args: Vec<_> = argv.collect();
-        return report(Err(link::exec(&driver, &args)));
+        return report(Err(wrapper::exec(&driver, &args)));
     }
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
@@ -24,7 +24,7 @@ fn main() -> ExitCode {
             report(server::run(args))
         }
         Some(Command::ReapLocalCompiles) => executor::reaper::run(),
-        Some(Command::Link(args)) => report(Err(link::exec(&args.driver, &args.args))),
+        Some(Command::Link(args)) => report(Err(wrapper::exec(&args.driver, &args.args))),
         Some(Command::Explain(args)) => {
             report(explain::run(&args.old, &args.new).map(|text| print!("{text}")))
         }
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             };
             match config::resolve(&cli.settings, &matches) {
-                Ok(resolved) => driver::distribute(&job_file, &resolved.settings),
+                Ok(resolved) => distribute::run(&job_file, &resolved.settings),
                 Err(e) => report(Err(e)),
             }
         }

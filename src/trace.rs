@@ -175,7 +175,7 @@ impl Trace {
             serde_json::to_vec(&json!({ "traceEvents": events, "displayTimeUnit": "ms" }))
                 .map_err(std::io::Error::other)?;
         json.push(b'\n');
-        crate::output::write_atomically(path, &json)
+        crate::staging::write_atomically(path, &json)
     }
 }
 

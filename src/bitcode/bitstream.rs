@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::rc::Rc;
 
-use super::BitcodeError;
+use super::error::BitcodeError;
 
 /// Abbreviation IDs with a fixed meaning in every block.
 const END_BLOCK: u64 = 0;

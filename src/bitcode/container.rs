@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use object::{Object, ObjectSection};
 
-use super::BitcodeError;
+use super::error::BitcodeError;
 
 const RAW_MAGIC: [u8; 4] = [b'B', b'C', 0xC0, 0xDE];
 const WRAPPER_MAGIC: u32 = 0x0B17_C0DE;

@@ -11,56 +11,19 @@
 //! Every function accepts any bytes: malformed input gives a [`BitcodeError`] saying what is wrong and at
 //! which bit, never a panic, and the work is bounded by the input's length.
 //!
-//! Layout: `bitstream` (bits, abbreviations, BLOCKINFO, the block walk), `container` (raw, wrapped or
+//! Layout: `error` ([`BitcodeError`]), `bitstream` (bits, abbreviations, BLOCKINFO, the block walk), `container` (raw, wrapped or
 //! ELF-embedded bitcode), `shard` (MODULE_STRTAB read and rewrite), `summary` (the summary block's module
 //! and value IDs and record order), `module` (a module's hash).
 
 mod bitstream;
 mod container;
+mod error;
 mod module;
 mod shard;
 mod summary;
 
-/// What is wrong with a bitcode file. Bit offsets count from the start of the file (for an ELF file, from
-/// the start of its `.llvm.lto` section).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BitcodeError {
-    #[error("not LLVM bitcode: {0}")]
-    NotBitcode(String),
-    #[error("bitcode ends early: {needed} more bits needed at bit {at}")]
-    Truncated { at: u64, needed: u64 },
-    #[error("malformed bitcode at bit {at}: {what}")]
-    Malformed { at: u64, what: String },
-    #[error("unsupported bitcode at bit {at}: {what}")]
-    Unsupported { at: u64, what: String },
-}
-
-/// One module recorded in an index shard's MODULE_STRTAB.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModuleEntry {
-    /// The module's ID in the summary, which refers to modules by ID only.
-    pub id: u64,
-    /// The path the backend compile opens the module by, as the link named it (arbitrary bytes).
-    pub path: Vec<u8>,
-    /// The module's hash, [`module_hash`] of its bitcode (compare with [`ModuleEntry::matches_hash`]);
-    /// `None` if the shard records none.
-    pub hash: Option<[u32; 5]>,
-}
-
-impl ModuleEntry {
-    /// Whether `module_hash` (a module's own [`module_hash`]) is this entry's.
-    ///
-    /// Tolerates a defect of LLVM 22.1.8's shard writer, seen with a non-ASCII module path: each byte
-    /// ≥ 0x80 is written sign-extended, so stray 1 bits are ORed into the next bits of the stream, up to
-    /// 32 bits on; they corrupt the path and can reach the first hash word (never the other four). So
-    /// the last four words must be equal and the first may only have extra bits set; the 128 bits left
-    /// still identify a module.
-    pub fn matches_hash(&self, module_hash: &[u32; 5]) -> bool {
-        self.hash.is_some_and(|recorded| {
-            recorded[1..] == module_hash[1..] && module_hash[0] & !recorded[0] == 0
-        })
-    }
-}
+pub use error::BitcodeError;
+pub use shard::ModuleEntry;
 
 /// Module paths (and hashes) recorded in an index shard's MODULE_STRTAB, in file order.
 ///

@@ -4,8 +4,9 @@
 
 use super::bitstream::{BLOCKINFO_BLOCK_ID, Cursor, Item};
 use super::container;
+use super::error::BitcodeError;
+use super::shard;
 use super::shard::MODULE_BLOCK_ID;
-use super::{BitcodeError, shard};
 
 /// `[five 32-bit words]`, a record of MODULE_BLOCK itself.
 const MODULE_CODE_HASH: u64 = 17;

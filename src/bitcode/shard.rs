@@ -17,7 +17,35 @@ use super::bitstream::{
     self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, BodyItem, Cursor, Emit, Item, Record,
 };
 use super::container::{self, WRAPPER_SIZE_AT};
-use super::{BitcodeError, ModuleEntry, summary};
+use super::error::BitcodeError;
+use super::summary;
+
+/// One module recorded in an index shard's MODULE_STRTAB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleEntry {
+    /// The module's ID in the summary, which refers to modules by ID only.
+    pub id: u64,
+    /// The path the backend compile opens the module by, as the link named it (arbitrary bytes).
+    pub path: Vec<u8>,
+    /// The module's hash, [`super::module_hash`] of its bitcode (compare with [`ModuleEntry::matches_hash`]);
+    /// `None` if the shard records none.
+    pub hash: Option<[u32; 5]>,
+}
+
+impl ModuleEntry {
+    /// Whether `module_hash` (a module's own [`super::module_hash`]) is this entry's.
+    ///
+    /// Tolerates a defect of LLVM 22.1.8's shard writer, seen with a non-ASCII module path: each byte
+    /// ≥ 0x80 is written sign-extended, so stray 1 bits are ORed into the next bits of the stream, up to
+    /// 32 bits on; they corrupt the path and can reach the first hash word (never the other four). So
+    /// the last four words must be equal and the first may only have extra bits set; the 128 bits left
+    /// still identify a module.
+    pub fn matches_hash(&self, module_hash: &[u32; 5]) -> bool {
+        self.hash.is_some_and(|recorded| {
+            recorded[1..] == module_hash[1..] && module_hash[0] & !recorded[0] == 0
+        })
+    }
+}
 
 pub(crate) const MODULE_BLOCK_ID: u64 = 8;
 const MODULE_STRTAB_BLOCK_ID: u64 = 19;

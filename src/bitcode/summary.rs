@@ -19,8 +19,8 @@
 
 use std::collections::HashMap;
 
-use super::BitcodeError;
 use super::bitstream::{BodyItem, Emit, malformed, unsupported};
+use super::error::BitcodeError;
 
 const FS_COMBINED: u64 = 4;
 const FS_COMBINED_PROFILE: u64 = 5;

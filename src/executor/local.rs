@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::child::Spawner;
 use crate::jobs::{Job, JobFile};
-use crate::output::StagedOutputs;
 use crate::plan::args::rewrite_args;
+use crate::staging::StagedOutputs;
 
 /// How a local compile ended.
 #[derive(Debug)]

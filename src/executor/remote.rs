@@ -12,23 +12,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, ExecutedActionMetadata,
 };
 use bazel_remote_apis::google::protobuf::Timestamp;
 
+use super::context::RunContext;
+use super::local_runner::{LocalRunner, local_action_result};
+use super::outcome::{self, Outcome};
 use super::uploads::Uploads;
-use super::{LocalRunner, RunContext, local_action_result};
+use crate::advice;
 use crate::jobs::Job;
-use crate::output::StagedOutputs;
 use crate::plan::action::ActionSpec;
 use crate::reapi::{
     self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, parse_header_arg,
     parse_helper_arg,
 };
-use crate::report::{JobRecord, Ran, RemoteTimes, Status};
 use crate::settings::{Compression, Mode, Settings};
+use crate::staging::StagedOutputs;
+use crate::stats::{JobRecord, Ran, RemoteTimes, Status};
 use crate::trace;
 
 /// Shared by every job of a remote or cache-only run.
@@ -81,9 +84,9 @@ impl From<Arc<ReapiError>> for RemoteFailure {
 impl From<&ReapiError> for RemoteFailure {
     fn from(e: &ReapiError) -> Self {
         if e.is_infrastructure() {
-            RemoteFailure::Infrastructure(e.to_string())
+            RemoteFailure::Infrastructure(advice::describe(e))
         } else {
-            RemoteFailure::Other(e.to_string())
+            RemoteFailure::Other(advice::describe(e))
         }
     }
 }
@@ -101,12 +104,12 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
     options.headers = settings
         .remote_header
         .iter()
-        .map(|h| parse_header_arg(h))
+        .map(|h| parse_header_arg(h).map_err(|why| anyhow!("a --remote-header {why}")))
         .collect::<Result<_, _>>()?;
     options.credential_helpers = settings
         .credential_helper
         .iter()
-        .map(|h| parse_helper_arg(h))
+        .map(|h| parse_helper_arg(h).map_err(|why| anyhow!("--credential-helper `{h}`: {why}")))
         .collect::<Result<_, _>>()?;
     options.credential_helper_timeout = Duration::from_secs(settings.credential_helper_timeout);
     options.tls.ca_cert = settings.tls_ca_cert.clone();
@@ -214,36 +217,32 @@ impl RemoteExecutor {
         local: &LocalRunner,
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
-        let outcome = tokio::select! {
-            outcome = self.run_remotely(&job, spec, call) => outcome,
+        let ended = tokio::select! {
+            ended = self.run_remotely(&job, spec, call) => ended,
             () = ctx.cancel.cancelled() => {
-                let record = JobRecord::new(&job, Status::Cancelled, Ran::Remote, started.elapsed());
-                return (record, Vec::new());
+                let cancelled = Outcome::Cancelled { ran: Ran::Remote };
+                return outcome::record(ctx, &job, cancelled, started.elapsed());
             }
         };
-        let record = match outcome {
+        let outcome = match ended {
             Ok((ran, result)) => {
                 let output = ctx
                     .cancel
                     .run_until_cancelled(self.stderr_of(&result, call))
                     .await
                     .unwrap_or_default();
-                ctx.reporter.diagnostics(&job, &output, false);
-                let mut record = JobRecord::new(&job, Status::Succeeded, ran, started.elapsed());
-                record.exit_code = Some(0);
-                record.remote = result.execution_metadata.as_ref().map(remote_times);
-                return (record, output);
+                Outcome::Succeeded {
+                    ran,
+                    output,
+                    remote: result.execution_metadata.as_ref().map(remote_times),
+                }
             }
-            Err(RemoteFailure::Compile { exit_code, stderr }) => {
-                ctx.reporter.diagnostics(&job, &stderr, true);
-                let reason = format!("the compiler exited with status {exit_code} on the cluster");
-                ctx.reporter.error(&format!("{}: {reason}", job.label()));
-                let mut record =
-                    JobRecord::new(&job, Status::Failed, Ran::Remote, started.elapsed());
-                record.exit_code = Some(exit_code);
-                record.error = Some(reason);
-                record
-            }
+            Err(RemoteFailure::Compile { exit_code, stderr }) => Outcome::Failed {
+                ran: Ran::Remote,
+                exit_code: Some(exit_code),
+                reason: format!("the compiler exited with status {exit_code} on the cluster"),
+                output: stderr,
+            },
             Err(RemoteFailure::Infrastructure(reason)) if self.local_fallback => {
                 tracing::warn!(job = %job.label(), %reason, "remote execution failed; compiling locally");
                 ctx.reporter.warn_once(
@@ -254,14 +253,15 @@ impl RemoteExecutor {
                 return local.run(ctx, job).await;
             }
             Err(RemoteFailure::Infrastructure(reason) | RemoteFailure::Other(reason)) => {
-                ctx.reporter.error(&format!("{}: {reason}", job.label()));
-                let mut record =
-                    JobRecord::new(&job, Status::Failed, Ran::Remote, started.elapsed());
-                record.error = Some(reason);
-                record
+                Outcome::Failed {
+                    ran: Ran::Remote,
+                    exit_code: None,
+                    reason,
+                    output: Vec::new(),
+                }
             }
         };
-        (record, Vec::new())
+        outcome::record(ctx, &job, outcome, started.elapsed())
     }
 
     /// Cache-only mode: an action-cache hit is downloaded; a miss compiles locally and, unless the
@@ -278,16 +278,18 @@ impl RemoteExecutor {
         // Lookups and uploads are abandoned at an interrupt, like remote executions.
         let lookup = self.cache_hit(ctx, &job, spec, call);
         let Some(hit) = ctx.cancel.run_until_cancelled(lookup).await else {
-            let record =
-                JobRecord::new(&job, Status::Cancelled, Ran::ActionCache, started.elapsed());
-            return (record, Vec::new());
+            let cancelled = Outcome::Cancelled {
+                ran: Ran::ActionCache,
+            };
+            return outcome::record(ctx, &job, cancelled, started.elapsed());
         };
         if let Some(output) = hit {
-            ctx.reporter.diagnostics(&job, &output, false);
-            let mut record =
-                JobRecord::new(&job, Status::Succeeded, Ran::ActionCache, started.elapsed());
-            record.exit_code = Some(0);
-            return (record, output);
+            let hit = Outcome::Succeeded {
+                ran: Ran::ActionCache,
+                output,
+                remote: None,
+            };
+            return outcome::record(ctx, &job, hit, started.elapsed());
         }
         let (record, output) = local.run(ctx, job).await;
         if record.status == Status::Succeeded && self.upload_results {
@@ -589,11 +591,14 @@ fn not_executed(e: ReapiError) -> RemoteFailure {
     use tonic::Code;
     match e.code() {
         // The error says which options to check.
-        Some(Code::Unauthenticated | Code::PermissionDenied) => RemoteFailure::Other(e.to_string()),
-        Some(Code::InvalidArgument) | None => RemoteFailure::from(e),
-        Some(_) => {
-            RemoteFailure::Infrastructure(format!("the cluster did not run the action: {e}"))
+        Some(Code::Unauthenticated | Code::PermissionDenied) => {
+            RemoteFailure::Other(advice::describe(&e))
         }
+        Some(Code::InvalidArgument) | None => RemoteFailure::from(e),
+        Some(_) => RemoteFailure::Infrastructure(format!(
+            "the cluster did not run the action: {}",
+            advice::describe(&e)
+        )),
     }
 }
 

@@ -17,7 +17,7 @@ use super::args::rewrite_args;
 use super::digests::FileDigests;
 use super::layout::{Layout, LayoutKind, SHARD_NAME};
 use super::merkle::{TreeFile, build_tree};
-use super::toolchain::{Toolchain, ToolchainIdentity, ToolchainMode};
+use super::toolchain::{Toolchain, ToolchainMode};
 use crate::jobs::{Job, JobFile};
 use crate::reapi::digest::{self, Digest};
 use crate::reapi::{Blob, BlobSource};
@@ -50,8 +50,6 @@ pub struct ActionSpec {
     /// `(path relative to the working directory, local path lld expects)` for every output.
     pub outputs: Vec<(String, PathBuf)>,
     pub layout: LayoutKind,
-    /// Which compiler the action runs, and how it gets to the worker.
-    pub toolchain: ToolchainIdentity,
     /// Upload mode: the toolchain's files (not in `blobs`), the same for every job of the link.
     pub toolchain_blobs: Arc<[Blob]>,
     /// What the Action digest is made of, for `dtlto-reapi explain`.
@@ -267,7 +265,6 @@ pub fn build(
         blobs,
         outputs: layout.outputs,
         layout: layout.kind,
-        toolchain: toolchain.identity.clone(),
         toolchain_blobs: options.toolchain_blobs.clone(),
         parts,
     })

@@ -298,7 +298,6 @@ mod tests {
     fn job_file(inputs: &[&str], common: &[&str]) -> JobFile {
         JobFile {
             path: "l.json".into(),
-            linker_output: "a.out".into(),
             common_args: vec!["clang".into()],
             common_inputs: common.iter().map(PathBuf::from).collect(),
             jobs: vec![Job {
@@ -392,7 +391,6 @@ mod tests {
         }
         let file = JobFile {
             path: "a.json".into(),
-            linker_output: "a.exe".into(),
             common_args: vec!["zig".into(), "clang".into()],
             common_inputs: vec![],
             jobs: vec![Job {

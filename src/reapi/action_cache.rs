@@ -1,13 +1,14 @@
 //! The action cache: looking up the result of an action by its digest, and recording one.
 
 use super::connections::CountedChannel;
-use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+use bazel_remote_apis::build::bazel::remote::execution::v2::{self as re, ActionResult};
 use tonic::Code;
 
+use super::client::{Client, Inner, MAX_MESSAGE_BYTES};
 use super::digest::Digest;
 use super::error::ReapiError;
+use super::metadata::CallContext;
 use super::retry;
-use super::{ActionResult, CallContext, Client, Inner, MAX_MESSAGE_BYTES};
 
 impl Inner {
     fn action_cache(&self) -> re::action_cache_client::ActionCacheClient<CountedChannel> {

@@ -2,7 +2,7 @@
 //! command line, by the protocol Bazel and other REAPI clients use (the EngFlow credential-helper
 //! spec).
 //!
-//! `--credential-helper=[PATTERN=]PATH` names the helpers; the one whose pattern matches the
+//! Helpers are given as `[PATTERN=]PATH`; the one whose pattern matches the
 //! server's host most specifically is used (an exact host, then the nearest `*.DOMAIN`, then one
 //! without a pattern), as Bazel chooses. It runs as `PATH get`, reads `{"uri": "grpcs://HOST:PORT"}`
 //! on stdin and prints `{"headers": {"NAME": ["VALUE", ...]}}` (`{}`: no credentials; other fields,
@@ -19,18 +19,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt as _;
-use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 
 use super::error::ReapiError;
-use super::metadata::{header_key, header_value};
-
-/// One call header, validated.
-pub(crate) type Header = (AsciiMetadataKey, AsciiMetadataValue);
+use super::headers::{Header, header_key, header_value};
 
 /// Most stderr of a failed helper quoted in the error.
 const STDERR_QUOTE_BYTES: usize = 2000;
 
-/// One `--credential-helper=[PATTERN=]PATH`.
+/// One credential helper, `[PATTERN=]PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelperArg {
     /// `None`: every server; `Some("host")`: that host; `Some("*.domain")`: domain and subdomains.
@@ -38,9 +34,9 @@ pub struct HelperArg {
     path: PathBuf,
 }
 
-/// Parses `[PATTERN=]PATH`; PATTERN is a host name or address, or `*.DOMAIN`.
-pub fn parse_helper_arg(arg: &str) -> Result<HelperArg, ReapiError> {
-    let bad = |why: String| ReapiError::Config(format!("--credential-helper `{arg}`: {why}"));
+/// Parses `[PATTERN=]PATH`; PATTERN is a host name or address, or `*.DOMAIN`. The error says what
+/// is wrong, for the caller to prefix with where the argument came from.
+pub fn parse_helper_arg(arg: &str) -> Result<HelperArg, String> {
     let (pattern, path) = match arg.split_once('=') {
         Some((pattern, path)) => (Some(pattern.to_ascii_lowercase()), path),
         None => (None, arg),
@@ -54,13 +50,13 @@ pub fn parse_helper_arg(arg: &str) -> Result<HelperArg, ReapiError> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
         if !valid {
-            return Err(bad(format!(
+            return Err(format!(
                 "`{pattern}` is not a host name or `*.DOMAIN` (expected [PATTERN=]PATH)"
-            )));
+            ));
         }
     }
     if path.is_empty() {
-        return Err(bad("the helper's path is empty".to_string()));
+        return Err("the helper's path is empty".to_string());
     }
     Ok(HelperArg {
         pattern,
@@ -141,10 +137,10 @@ impl Helper {
             Ok(Ok(output)) => output,
             Ok(Err(e)) => return Err(fail(format!("cannot be run: {e}"))),
             Err(_) => {
-                return Err(fail(format!(
-                    "did not answer within {} s and was killed (see --credential-helper-timeout)",
-                    self.timeout.as_secs()
-                )));
+                return Err(ReapiError::CredentialHelperTimeout {
+                    helper: self.path.display().to_string(),
+                    seconds: self.timeout.as_secs(),
+                });
             }
         };
         // It finished: whatever it left running (an agent, say) is its business.

@@ -7,7 +7,7 @@
 //! failure of the execution itself, the action is executed again (Execute is idempotent for a
 //! given action). All of it is bounded by the retry budget and the Execute deadline.
 
-use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+use bazel_remote_apis::build::bazel::remote::execution::v2::{self as re, ExecuteResponse};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,10 +16,12 @@ use bazel_remote_apis::google::longrunning::{CancelOperationRequest, Operation, 
 use prost::Message as _;
 use tonic::{Code, Status};
 
+use super::client::{Client, Inner, MAX_MESSAGE_BYTES};
 use super::digest::Digest;
+use super::error::is_transient;
 use super::error::{ReapiError, status_from_proto};
-use super::retry::{self, is_transient};
-use super::{CallContext, Client, ExecuteResponse, Inner, MAX_MESSAGE_BYTES};
+use super::metadata::CallContext;
+use super::retry;
 
 const EXECUTE_RESPONSE_TYPE: &str = "build.bazel.remote.execution.v2.ExecuteResponse";
 const EXECUTE_METADATA_TYPE: &str = "build.bazel.remote.execution.v2.ExecuteOperationMetadata";

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{RequestMetadata, ToolDetails};
 use prost::Message as _;
-use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue, BinaryMetadataValue, MetadataMap};
+use tonic::metadata::{BinaryMetadataValue, MetadataMap};
 
-use super::credentials::{Credentials, Header};
+use super::credentials::Credentials;
 use super::error::ReapiError;
+use super::headers::{Header, resolve_header};
 
 /// The binary header that carries a serialized `RequestMetadata`.
 const REQUEST_METADATA_HEADER: &str = "build.bazel.remote.execution.v2.requestmetadata-bin";
@@ -29,25 +30,10 @@ pub struct CallContext {
     pub target_id: String,
 }
 
-/// Splits a `NAME=VALUE` header argument at its first `=`.
-pub fn parse_header_arg(arg: &str) -> Result<(String, String), ReapiError> {
-    match arg.split_once('=') {
-        Some((name, value)) if !name.trim().is_empty() => {
-            Ok((name.trim().to_string(), value.to_string()))
-        }
-        // Never shown: without an `=` the whole argument may be a secret pasted alone.
-        _ => Err(ReapiError::Config(
-            "a --remote-header is not of the form NAME=VALUE (or NAME=env:VAR); not shown, as it \
-             may be a secret"
-                .to_string(),
-        )),
-    }
-}
-
 /// The headers and identifiers sent with every call of one client.
 #[derive(Clone)]
 pub(crate) struct CallMetadata {
-    /// From `--remote-header`.
+    /// The configured extra headers.
     headers: Vec<Header>,
     /// From a credential helper; a header also given in `headers` is not taken from here.
     pub(crate) credentials: Arc<Credentials>,
@@ -86,7 +72,7 @@ impl CallMetadata {
         })
     }
 
-    /// The names of the `--remote-header` headers (never their values).
+    /// The names of the configured extra headers (never their values).
     pub(crate) fn header_names(&self) -> Vec<String> {
         self.headers
             .iter()
@@ -129,103 +115,11 @@ impl CallMetadata {
     }
 }
 
-/// Checks one header and resolves its value; `env` looks up environment variables.
-fn resolve_header<E>(
-    name: &str,
-    value: &str,
-    env: impl Fn(&str) -> Result<String, E>,
-) -> Result<Header, ReapiError> {
-    let key = header_key(name)?;
-    let resolved = match value.strip_prefix("env:") {
-        Some(var) => env(var).map_err(|_| {
-            ReapiError::Config(format!(
-                "header `{name}` takes its value from environment variable `{var}`, which is not set (or not UTF-8)"
-            ))
-        })?,
-        None => value.to_string(),
-    };
-    let value = header_value(name, &resolved).map_err(ReapiError::Config)?;
-    Ok((key, value))
-}
-
-/// A header name as gRPC metadata (lower case; `-bin` headers are refused).
-pub(crate) fn header_key(name: &str) -> Result<AsciiMetadataKey, ReapiError> {
-    let lower = name.to_ascii_lowercase();
-    if lower.ends_with("-bin") {
-        return Err(ReapiError::Config(format!(
-            "header `{name}`: binary (-bin) headers are not supported"
-        )));
-    }
-    AsciiMetadataKey::from_bytes(lower.as_bytes()).map_err(|_| {
-        ReapiError::Config(format!(
-            "header name `{name}` is not a valid HTTP/2 header name"
-        ))
-    })
-}
-
-/// A header value as gRPC metadata; the error never shows the value.
-pub(crate) fn header_value(name: &str, value: &str) -> Result<AsciiMetadataValue, String> {
-    AsciiMetadataValue::try_from(value)
-        .map_err(|_| format!("header `{name}`: the value is not a valid header value"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bazel_remote_apis::build::bazel::remote::execution::v2::RequestMetadata;
-
-    fn env(var: &str) -> Result<String, ()> {
-        match var {
-            "TOKEN" => Ok("s3cret".to_string()),
-            "BAD" => Ok("line\nbreak".to_string()),
-            _ => Err(()),
-        }
-    }
-
-    #[test]
-    fn header_args_split_at_first_equals() {
-        assert_eq!(
-            parse_header_arg("a=b=c").unwrap(),
-            ("a".into(), "b=c".into())
-        );
-        assert_eq!(
-            parse_header_arg("x-key=env:K").unwrap(),
-            ("x-key".into(), "env:K".into())
-        );
-        assert_eq!(
-            parse_header_arg("empty=").unwrap(),
-            ("empty".into(), "".into())
-        );
-        let err = parse_header_arg("s3cret-token").unwrap_err().to_string();
-        assert!(!err.contains("s3cret"), "{err}");
-        assert!(parse_header_arg("=v").is_err());
-    }
-
-    #[test]
-    fn env_values_resolve_and_errors_never_show_values() {
-        let (k, v) = resolve_header("Authorization", "env:TOKEN", env).unwrap();
-        assert_eq!(
-            (k.as_str(), v.to_str().unwrap()),
-            ("authorization", "s3cret")
-        );
-        let (_, v) = resolve_header("x-plain", "literal", env).unwrap();
-        assert_eq!(v.to_str().unwrap(), "literal");
-
-        let err = resolve_header("x-key", "env:UNSET_VAR", env)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("UNSET_VAR") && err.contains("x-key"), "{err}");
-        let err = resolve_header("x-key", "env:BAD", env)
-            .unwrap_err()
-            .to_string();
-        assert!(!err.contains("line"), "{err}");
-        let err = resolve_header("x-key", "sec\u{7}ret", env)
-            .unwrap_err()
-            .to_string();
-        assert!(!err.contains("sec"), "{err}");
-        assert!(resolve_header("bad name", "v", env).is_err());
-        assert!(resolve_header("x-bin", "v", env).is_err());
-    }
+    use crate::reapi::headers::tests::env;
+    use crate::reapi::headers::{header_key, header_value};
 
     #[test]
     fn every_call_carries_request_metadata_and_headers() {

@@ -17,6 +17,7 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
 
 use super::credentials::Credentials;
+use super::error::is_transient;
 
 /// Times one call is repeated with new credentials after UNAUTHENTICATED.
 const MAX_REAUTHENTICATIONS: u32 = 2;
@@ -53,25 +54,6 @@ impl RetryPolicy {
         let half = window / 2;
         half + half.mul_f64(rand::random_range(0.0..=1.0))
     }
-}
-
-/// Whether a call that failed with `code` may succeed when repeated.
-pub fn is_transient(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable
-            | Code::ResourceExhausted
-            | Code::DeadlineExceeded
-            | Code::Aborted
-            // Connection resets and HTTP/2 stream errors surface as these two.
-            | Code::Internal
-            | Code::Unknown
-            // The client never gives up on a call it still awaits (abandoning one drops it), so a
-            // CANCELLED that reaches the caller is the transport's: hyper reports a request lost
-            // with its HTTP/2 connection as "operation was canceled". Seen under ~200 concurrent
-            // calls on one connection; every call here is idempotent, so repeating it is safe.
-            | Code::Cancelled
-    )
 }
 
 /// The delay the server asked for with a `google.rpc.RetryInfo` detail, if any.
@@ -222,30 +204,6 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
     use tonic_types::{ErrorDetails, StatusExt};
-
-    #[test]
-    fn classification() {
-        for code in [
-            Code::Unavailable,
-            Code::ResourceExhausted,
-            Code::DeadlineExceeded,
-            Code::Aborted,
-            Code::Cancelled,
-        ] {
-            assert!(is_transient(code), "{code:?}");
-        }
-        for code in [
-            Code::InvalidArgument,
-            Code::PermissionDenied,
-            Code::Unauthenticated,
-            Code::NotFound,
-            Code::FailedPrecondition,
-            Code::Unimplemented,
-            Code::AlreadyExists,
-        ] {
-            assert!(!is_transient(code), "{code:?}");
-        }
-    }
 
     #[test]
     fn backoff_stays_in_its_window() {

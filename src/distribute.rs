@@ -10,17 +10,18 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use crate::advice;
 use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext, Runner};
 use crate::jobs::JobFile;
-use crate::output;
 use crate::reapi::ReapiError;
 use crate::report::{Reporter, RunTotals};
 use crate::settings::{Mode, Settings};
+use crate::staging;
 use crate::trace::{self, Trace};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
-pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
+pub fn run(job_file_path: &Path, settings: &Settings) -> ExitCode {
     crate::logging::init(settings.verbose);
     let job_file = match JobFile::load(job_file_path) {
         Ok(file) => Arc::new(file),
@@ -36,9 +37,9 @@ pub fn distribute(job_file_path: &Path, settings: &Settings) -> ExitCode {
         .iter()
         .flat_map(|job| job.outputs.iter().map(PathBuf::as_path))
         .collect();
-    output::remove_leftovers(&outputs);
+    staging::remove_leftovers(&outputs);
     match runtime() {
-        Some(runtime) => runtime.block_on(run(job_file, settings)),
+        Some(runtime) => runtime.block_on(run_jobs(job_file, settings)),
         None => ExitCode::FAILURE,
     }
 }
@@ -52,7 +53,7 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
         .ok()
 }
 
-async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
+async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     let reporter = Arc::new(Reporter::new(
         job_file.jobs.len(),
         settings.quiet,
@@ -89,13 +90,14 @@ async fn run(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
             Some(Ok(remote)) => Some(remote),
             // The cluster is down or too slow to answer: the link can still be done here.
             Some(Err(e)) if settings.local_fallback && is_infrastructure(&e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot connect: every job falls back to a local compile");
-                let text = format!("{e:#}; falling back to local compiles");
+                let error = advice::describe_any(&e);
+                tracing::warn!(%error, "cannot connect: every job falls back to a local compile");
+                let text = format!("{error}; falling back to local compiles");
                 reporter.warn_once("infrastructure", &text);
                 None
             }
             Some(Err(e)) => {
-                reporter.error(&format!("{e:#}"));
+                reporter.error(&advice::describe_any(&e));
                 return ExitCode::FAILURE;
             }
         },

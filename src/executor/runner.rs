@@ -1,0 +1,210 @@
+//! The composition of a job's run: [`Runner`] chains the steps a job may go through — planning into
+//! an Action, the disk cache (`disk_cache`), the remote executor (`remote`), local compiles
+//! (`local_runner`) — as the settings ask.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+
+use super::context::RunContext;
+use super::disk_cache::DiskCacheStep;
+use super::local_runner::LocalRunner;
+use super::remote::RemoteExecutor;
+use crate::jobs::Job;
+use crate::plan::action::ActionSpec;
+use crate::plan::digests::HashingStats;
+use crate::plan::planner::Planner;
+use crate::plan::toolchain::ToolchainMode;
+use crate::reapi::{self, TransferStats};
+use crate::settings::{Mode, Settings};
+use crate::stats::{JobRecord, Status, ToolchainReport};
+use crate::trace;
+
+/// Runs jobs the way the settings ask: planned into Actions when anything keys results by them
+/// (a remote, the disk cache), looked up in the disk cache first, then run remotely or locally,
+/// and stored in the disk cache after success.
+pub struct Runner {
+    planner: Option<Arc<Planner>>,
+    remote: Option<RemoteExecutor>,
+    disk: Option<DiskCacheStep>,
+    local: LocalRunner,
+}
+
+impl Runner {
+    /// `remote` is the connected cluster in the remote modes (None in local mode, or when the
+    /// cluster was unreachable and the link falls back to local compiles).
+    pub async fn new(
+        ctx: &RunContext,
+        settings: &Settings,
+        remote: Option<RemoteExecutor>,
+    ) -> Result<Runner> {
+        let disk = match &settings.disk_cache {
+            None => None,
+            Some(dir) => DiskCacheStep::open(ctx, dir, settings.disk_cache_max_size).await,
+        };
+        let planner = if remote.is_some() || disk.is_some() {
+            let legacy = remote
+                .as_ref()
+                .is_some_and(RemoteExecutor::legacy_output_files);
+            let _phase = trace::link_phase(ctx.trace.as_ref(), "hash inputs");
+            let planner = Planner::new(ctx.job_file.clone(), settings, legacy).await?;
+            announce_toolchain(ctx, settings, &planner);
+            Some(Arc::new(planner))
+        } else {
+            None
+        };
+        Ok(Runner {
+            planner,
+            remote,
+            disk,
+            local: LocalRunner::new(settings.jobs)
+                .context("cannot start the thread that runs local compiles")?,
+        })
+    }
+
+    /// Jobs in flight at once: many when a cluster runs them, else as many as local compiles.
+    pub fn concurrency(&self, settings: &Settings) -> usize {
+        if self.remote.is_some() {
+            settings.remote_jobs
+        } else if self.disk.is_some() {
+            // Cache hits need no core: let them overlap with the compiles.
+            settings.jobs * 4
+        } else {
+            settings.jobs
+        }
+    }
+
+    /// The remote client's transfer counters, in the remote modes.
+    pub fn transfers(&self) -> Option<TransferStats> {
+        self.remote.as_ref().map(|r| r.client().stats())
+    }
+
+    /// How the link's input files were hashed, when Actions were planned.
+    pub fn input_hashing(&self) -> Option<HashingStats> {
+        Some(self.planner.as_ref()?.input_hashing())
+    }
+
+    /// The link's compiler and what was uploaded of it, when Actions were planned.
+    pub fn toolchain(&self) -> Option<ToolchainReport> {
+        let toolchain = self.planner.as_ref()?.toolchain();
+        let upload = self
+            .remote
+            .as_ref()
+            .map(RemoteExecutor::toolchain_upload)
+            .unwrap_or_default();
+        Some(ToolchainReport {
+            mode: toolchain.identity.mode,
+            compiler: toolchain.compiler.clone(),
+            digest: reapi::digest::display(&toolchain.identity.digest).to_string(),
+            files: toolchain.files.len(),
+            bytes: toolchain.size(),
+            bytes_uploaded: upload.bytes_uploaded,
+            blobs_uploaded: upload.blobs_uploaded,
+        })
+    }
+
+    /// Runs one job.
+    pub async fn run_job(&self, ctx: &RunContext, job: Job) -> JobRecord {
+        let started = Instant::now();
+        let Some(spec) = self.plan(ctx, &job).await else {
+            return self.local.run(ctx, job).await.0;
+        };
+        let spec = Arc::new(spec);
+        ctx.reporter.verbose(|| {
+            format!(
+                "{}: action {}",
+                job.label(),
+                reapi::digest::display(&spec.action_digest)
+            )
+        });
+        let hit = match &self.disk {
+            Some(disk) => disk.hit(ctx, &job, &spec, started).await,
+            None => None,
+        };
+        let mut record = match hit {
+            Some(record) => record,
+            None => {
+                let (record, output) = match &self.remote {
+                    Some(remote) => remote.run(ctx, job, &spec, &self.local, started).await,
+                    None => self.local.run(ctx, job).await,
+                };
+                if let Some(disk) = &self.disk
+                    && record.status == Status::Succeeded
+                {
+                    disk.store(ctx, &spec, output).await;
+                }
+                record
+            }
+        };
+        record.action = Some(reapi::digest::display(&spec.action_digest).to_string());
+        record.layout = Some(spec.layout);
+        record.parts = Some(spec.parts.clone());
+        record
+    }
+
+    /// The job's Action, planned on the blocking pool (it reads and rewrites the index shard), or
+    /// None (with one warning per cause) when the job cannot be expressed as one or nothing keys
+    /// results by Actions.
+    async fn plan(&self, ctx: &RunContext, job: &Job) -> Option<ActionSpec> {
+        let planner = self.planner.clone()?;
+        let _phase = trace::phase("plan");
+        let (ctx, job) = (ctx.clone(), job.clone());
+        let planned = tokio::task::spawn_blocking(move || {
+            let warn_once = |cause: &'static str, text: &str| ctx.reporter.warn_once(cause, text);
+            planner
+                .plan(&ctx.job_file, &job, &warn_once)
+                .map_err(|e| {
+                    let detail = format!(
+                        "{}: {}; such jobs run locally, uncached",
+                        job.label(),
+                        e.detail
+                    );
+                    ctx.reporter.warn_once(e.cause, &detail);
+                })
+                .ok()
+        });
+        planned.await.ok().flatten()
+    }
+
+    /// Ends the run: lets the cancellations of abandoned remote operations reach the cluster, and
+    /// brings the disk cache back under its size bound.
+    pub async fn finish(&self, ctx: &RunContext) {
+        if let Some(remote) = &self.remote {
+            remote.client().settle_cancellations().await;
+        }
+        if let Some(disk) = &self.disk {
+            disk.trim(ctx).await;
+        }
+    }
+}
+
+/// Says how actions get the compiler: with `--verbose`, and as a warning where upload mode was
+/// wanted for remote execution but is impossible.
+fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) {
+    let toolchain = planner.toolchain();
+    if let Some(why_not) = planner.toolchain_warning()
+        && (settings.mode == Mode::Remote || settings.toolchain.is_some())
+    {
+        let text = format!(
+            "{why_not}; actions run the compiler at its path on the workers (--toolchain=worker)"
+        );
+        ctx.reporter.warn_once("toolchain", &text);
+    }
+    ctx.reporter.verbose(|| {
+        let mode = match toolchain.identity.mode {
+            ToolchainMode::Upload => "upload",
+            ToolchainMode::Worker => "worker",
+        };
+        format!(
+            "toolchain: {mode} mode, compiler {} ({} file{}, {:.1} MB), digest {}, identified in \
+             {:.1} ms",
+            toolchain.compiler.display(),
+            toolchain.files.len(),
+            if toolchain.files.len() == 1 { "" } else { "s" },
+            toolchain.size() as f64 / 1e6,
+            reapi::digest::display(&toolchain.identity.digest),
+            planner.toolchain_time().as_secs_f64() * 1000.0
+        )
+    });
+}
