@@ -90,7 +90,11 @@ fn winners(stats: &Stats) -> Vec<String> {
 
 /// The same project linked in local mode with the same compiler: the objects to compare with.
 fn local_objects(project: &Project, compiler: &Path) -> Vec<Vec<u8>> {
-    let local = project.link("local/app").compiler(compiler, &[]).save_temps().run();
+    let local = project
+        .link("local/app")
+        .compiler(compiler, &[])
+        .save_temps()
+        .run();
     local.assert_success();
     local.native_object_contents()
 }
@@ -102,7 +106,14 @@ fn against_a_cluster_too_slow_to_finish_the_local_side_wins_and_teaches_the_cach
     let compiler = wrapper(&project, tools.path());
     let hide = project.dir().display().to_string();
     // One worker, every Execute held for ten minutes: only local compiles can finish.
-    let server = Server::start(["--hide", &hide, "--workers", "1", "--fault-slow", "Execute=600000"]);
+    let server = Server::start([
+        "--hide",
+        &hide,
+        "--workers",
+        "1",
+        "--fault-slow",
+        "Execute=600000",
+    ]);
     let linked = project
         .link("racing/app")
         .compiler(&compiler, &[])
@@ -151,7 +162,10 @@ fn against_a_slow_local_side_the_cluster_wins_and_the_local_compiles_are_killed(
     for pid in local_compiles(&project) {
         // SAFETY: signal 0 only checks whether the process exists.
         while unsafe { libc::kill(pid, 0) } == 0 {
-            assert!(Instant::now() < deadline, "local compile {pid} outlived its race");
+            assert!(
+                Instant::now() < deadline,
+                "local compile {pid} outlived its race"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -24,12 +24,12 @@ use tokio_util::sync::CancellationToken;
 use super::context::RunContext;
 use super::local_runner::LocalRunner;
 use super::outcome::{self, Outcome};
-use super::remote::{RemoteExecutor, RemoteFailure};
+use super::remote::{RemoteExecutor, RemoteFailure, remote_times};
 use super::slots::{Candidate, Claim, Remote};
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
 use crate::reapi::CallContext;
-use crate::stats::{JobRecord, Race, Ran, Side};
+use crate::stats::{JobRecord, Race, Ran, RemoteTimes, Side};
 use crate::trace;
 
 /// Remote failures in a row (with no remote success between them) after which the link stops
@@ -98,7 +98,11 @@ impl Health {
 
 /// How the remote side of a race ended.
 enum RemoteEnd {
-    Delivered { ran: Ran, output: Vec<u8>, times: Option<crate::stats::RemoteTimes> },
+    Delivered {
+        ran: Ran,
+        output: Vec<u8>,
+        times: Option<RemoteTimes>,
+    },
     /// The compiler ran on the cluster and failed.
     CompileFailed { exit_code: i32, output: Vec<u8> },
     /// The cluster could not run it, or the link stopped using the cluster.
@@ -116,13 +120,13 @@ impl RemoteExecutor {
         local: &LocalRunner,
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
-        let health = self.health();
+        let health = &self.health;
         if health.degraded.is_cancelled() {
             return local.run(ctx, job).await;
         }
         // The action cache first: a hit never starts local work.
         let lookup = tokio::select! {
-            found = self.cached(&job, spec, call) => found,
+            found = self.lookup(&job, spec, call) => found,
             () = ctx.cancel.cancelled() => {
                 let cancelled = Outcome::Cancelled { ran: Ran::ActionCache };
                 return outcome::record(ctx, &job, cancelled, started.elapsed());
@@ -130,11 +134,16 @@ impl RemoteExecutor {
             () = health.degraded.cancelled() => Ok(None),
         };
         match lookup {
-            Ok(Some((result, output))) => {
+            Ok(Some(result)) => {
+                let output = ctx
+                    .cancel
+                    .run_until_cancelled(self.stderr_of(&result, call))
+                    .await
+                    .unwrap_or_default();
                 let hit = Outcome::Succeeded {
                     ran: Ran::ActionCache,
                     output,
-                    remote: result,
+                    remote: result.execution_metadata.as_ref().map(remote_times),
                 };
                 return outcome::record(ctx, &job, hit, started.elapsed());
             }
@@ -160,22 +169,18 @@ impl RemoteExecutor {
         local: &LocalRunner,
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
-        let health = self.health();
+        let health = &self.health;
         let size = std::fs::metadata(job.module()).map_or(0, |m| m.len());
         let candidate = Candidate::new(size);
         let sent = Instant::now();
         let remote_side = async {
-            let on_stage = |executing: bool| {
-                if executing {
-                    candidate.set(Remote::Executing);
-                }
-            };
+            let executing = || candidate.set(Remote::Executing);
             tokio::select! {
-                ended = self.execute(&job, spec, call, on_stage) => match ended {
+                ended = self.execute(&job, spec, call, executing) => match ended {
                     Ok((ran, result)) => RemoteEnd::Delivered {
                         ran,
                         output: self.stderr_of(&result, call).await,
-                        times: result.execution_metadata.as_ref().map(super::remote::remote_times),
+                        times: result.execution_metadata.as_ref().map(remote_times),
                     },
                     Err(RemoteFailure::Compile { exit_code, stderr }) => RemoteEnd::CompileFailed {
                         exit_code,
@@ -231,7 +236,7 @@ impl RemoteExecutor {
                             if let Some(failed) = local_failed.take() {
                                 break failed;
                             }
-                            if !self.local_fallback() {
+                            if !self.local_fallback {
                                 break Outcome::Failed {
                                     ran: Ran::Remote,
                                     exit_code: None,
@@ -286,11 +291,15 @@ impl RemoteExecutor {
         if !remote_done {
             race.remote_ms = Some(millis(sent.elapsed()));
         }
-        trace::phase_since("race", sent, serde_json::to_value(&race).unwrap_or_default());
-        let stored_locally = race.winner == Some(Side::Local);
+        trace::phase_since(
+            "race",
+            sent,
+            serde_json::to_value(&race).unwrap_or_default(),
+        );
+        let local_won = race.winner == Some(Side::Local);
         let (record, output) = outcome::record(ctx, &job, end, started.elapsed());
-        if stored_locally {
-            self.store_local_win(ctx, spec, &output, call).await;
+        if local_won {
+            self.store_local_result(ctx, spec, &output, call).await;
         }
         with_race((record, output), race)
     }
