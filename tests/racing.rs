@@ -73,6 +73,7 @@ fn racing_link(
         .distributor_args(["--strategy=racing", "--jobs=2"])
         .distributor_args(extra)
         .stats_json()
+        .save_temps()
         .run();
     linked.assert_success();
     let stats = linked.stats();

@@ -159,7 +159,8 @@ impl RemoteExecutor {
         self.race(ctx, job, spec, call, local, started).await
     }
 
-    /// The race proper, after an action-cache miss.
+    /// The race proper, after an action-cache miss; a local winner's result is stored in the
+    /// action cache once both sides are gone (the loser may hold shared uploads).
     async fn race(
         &self,
         ctx: &RunContext,
@@ -169,6 +170,31 @@ impl RemoteExecutor {
         local: &LocalRunner,
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
+        let sent = Instant::now();
+        let (end, race) = self.contest(ctx, &job, spec, call, local).await;
+        trace::phase_since(
+            "race",
+            sent,
+            serde_json::to_value(&race).unwrap_or_default(),
+        );
+        let local_won = race.winner == Some(Side::Local);
+        let (record, output) = outcome::record(ctx, &job, end, started.elapsed());
+        if local_won {
+            self.store_local_result(ctx, spec, &output, call).await;
+        }
+        with_race((record, output), race)
+    }
+
+    /// Both sides of the race until one wins (or neither can); the loser is cancelled before this
+    /// returns, and dropped with it.
+    async fn contest(
+        &self,
+        ctx: &RunContext,
+        job: &Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+        local: &LocalRunner,
+    ) -> (Outcome, Race) {
         let health = &self.health;
         let size = std::fs::metadata(job.module()).map_or(0, |m| m.len());
         let candidate = Candidate::new(size);
@@ -176,7 +202,7 @@ impl RemoteExecutor {
         let remote_side = async {
             let executing = || candidate.set(Remote::Executing);
             tokio::select! {
-                ended = self.execute(&job, spec, call, executing) => match ended {
+                ended = self.execute(job, spec, call, executing) => match ended {
                     Ok((ran, result)) => RemoteEnd::Delivered {
                         ran,
                         output: self.stderr_of(&result, call).await,
@@ -194,7 +220,7 @@ impl RemoteExecutor {
             }
         };
         let local_cancel = ctx.cancel.child_token();
-        let local_side = local.compile(ctx, &job, Claim::Race(candidate.clone()), &local_cancel);
+        let local_side = local.compile(ctx, job, Claim::Race(candidate.clone()), &local_cancel);
         tokio::pin!(remote_side, local_side);
 
         let mut race = Race::default();
@@ -291,17 +317,7 @@ impl RemoteExecutor {
         if !remote_done {
             race.remote_ms = Some(millis(sent.elapsed()));
         }
-        trace::phase_since(
-            "race",
-            sent,
-            serde_json::to_value(&race).unwrap_or_default(),
-        );
-        let local_won = race.winner == Some(Side::Local);
-        let (record, output) = outcome::record(ctx, &job, end, started.elapsed());
-        if local_won {
-            self.store_local_result(ctx, spec, &output, call).await;
-        }
-        with_race((record, output), race)
+        (end, race)
     }
 }
 
