@@ -95,7 +95,8 @@ edit() {
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
 for scenario in $scenarios; do
     case $scenario in
-        slow) start_server --workers 1 --fault-slow "Execute=$slow_ms" ;;
+        # start_server gives the server $jobs workers: one here.
+        slow) local_jobs=$jobs; jobs=1; start_server --fault-slow "Execute=$slow_ms"; jobs=$local_jobs ;;
         distant) start_server --throttle-latency-ms "$latency" --throttle-bandwidth "$bandwidth" ;;
         relink) start_server ;;
         *) say "unknown scenario $scenario"; exit 1 ;;

@@ -205,9 +205,9 @@ mod tests {
         let (done, mut order) = tokio::sync::mpsc::unbounded_channel();
         let mut tasks = Vec::new();
         for (i, claim) in claims.into_iter().enumerate() {
-            let (slots, done) = (slots.clone(), done.clone());
+            let (pool, done) = (slots.clone(), done.clone());
             tasks.push(tokio::spawn(async move {
-                let slot = slots.take(claim).await.unwrap();
+                let slot = pool.take(claim).await.unwrap();
                 done.send(i).unwrap();
                 drop(slot);
             }));
