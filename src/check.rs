@@ -13,13 +13,14 @@ use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use tonic::Code;
 
 use crate::cache::DigestCache;
-use crate::executor::remote::{connection_options, remote_times};
+use crate::executor::remote::connection_options;
 use crate::plan::action::{environment, platform};
 use crate::plan::merkle::{TreeFile, build_tree};
 use crate::plan::planner::platform_properties;
 use crate::plan::toolchain::{ModeRequest, Toolchain, ToolchainMode};
 use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError};
 use crate::settings::{Mode, Settings};
+use crate::stats::ServerTimes;
 
 /// The outcome of one step: what was found, or what failed and what to do about it.
 type Step<T> = Result<(T, String), Failure>;
@@ -489,7 +490,10 @@ async fn execution(
         .next()
         .unwrap_or("(no output)")
         .to_string();
-    let times = result.execution_metadata.as_ref().map(remote_times);
+    let times = result
+        .execution_metadata
+        .as_ref()
+        .map(|meta| ServerTimes::of(meta).remote_times());
     let span = |ms: Option<u64>| ms.map_or("?".to_string(), |ms| format!("{ms} ms"));
     let worker = times
         .as_ref()

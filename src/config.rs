@@ -4,9 +4,16 @@
 //! clap reads the command line and the environment into [`SettingsArgs`] (all `Option`s); the config
 //! file deserializes into the same struct, so one list of fields serves all three layers and an
 //! unknown key in the file is an error naming it. Defaults are applied last, in [`Settings`].
+//!
+//! A config file can name programs to run (a credential helper) and servers to send headers to, so
+//! a *discovered* `dtlto-reapi.toml` is read only when no other user could have written it
+//! ([`untrusted`], as git trusts a repository by its owner); the files the user names
+//! (`--config`, `DTLTO_REAPI_CONFIG`) and the user's own config file are read as they are.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -49,6 +56,7 @@ pub struct ResolvedSettings {
 pub fn resolve(args: &SettingsArgs, matches: &ArgMatches) -> Result<ResolvedSettings> {
     let explicit_config = args.config.clone();
     let config_file = match explicit_config {
+        // The user named it: read it whoever owns it.
         Some(path) => Some(path),
         None => discover_config_file()?,
     };
@@ -78,7 +86,12 @@ pub fn resolve(args: &SettingsArgs, matches: &ArgMatches) -> Result<ResolvedSett
     }
     let layers: SettingsArgs =
         serde_json::from_value(Value::Object(merged)).context("combining settings")?;
-    let settings = Settings::with_defaults(layers)?;
+    let origin = |key: &str| {
+        sources
+            .get(key)
+            .map_or_else(|| Source::Default.to_string(), Source::to_string)
+    };
+    let settings = Settings::with_defaults(layers, &origin)?;
     for key in as_map(&settings)?.keys() {
         sources.entry(key.clone()).or_insert(Source::Default);
     }
@@ -102,19 +115,85 @@ fn as_map(value: &impl Serialize) -> Result<Map<String, Value>> {
 }
 
 /// `dtlto-reapi.toml` in the working directory or the nearest parent that has one, else the user's
-/// config file, else none.
+/// config file, else none. A `dtlto-reapi.toml` that another user could have written is skipped
+/// with one warning, for the user's config file (never for one further up: the nearest is the
+/// project's, and another project's settings are no better).
 fn discover_config_file() -> Result<Option<PathBuf>> {
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let project = cwd
         .ancestors()
         .map(|dir| dir.join("dtlto-reapi.toml"))
-        .find(|p| p.is_file());
+        .find(|p| p.is_file())
+        .filter(|path| match untrusted(path) {
+            None => true,
+            Some(why) => {
+                eprintln!(
+                    "dtlto-reapi: warning: ignoring {}: {why}, so another user could have written \
+                     it (its settings could run programs as you); your own config file applies",
+                    path.display()
+                );
+                false
+            }
+        });
     let user = || {
         dirs::config_dir()
             .map(|d| d.join("dtlto-reapi").join("config.toml"))
             .filter(|p| p.is_file())
     };
     Ok(project.or_else(user))
+}
+
+/// Why a discovered config file at `path` is not to be trusted, or `None` when only this user and
+/// root can have written it. Trusted means: the file (and the symlink naming it, if it is one) is
+/// owned by this user or root and no one else may write it, and its directory is owned by this
+/// user or root and no one else may write it, or it is sticky (like `/tmp`, where only a file's
+/// owner can rename or delete it). "No one else may write" means not world-writable, and not
+/// group-writable unless the group is this user's primary group (a user-private group, as with
+/// umask 002). Directories further up are not checked: whoever swaps one of them can only put
+/// files of their own in place, which fail the owner check.
+fn untrusted(path: &Path) -> Option<String> {
+    // SAFETY: geteuid and getegid cannot fail.
+    let (me, my_group) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let others_may_write = |meta: &fs::Metadata| {
+        meta.mode() & 0o002 != 0 || (meta.mode() & 0o020 != 0 && meta.gid() != my_group)
+    };
+    let foreign = |meta: &fs::Metadata| meta.uid() != me && meta.uid() != 0;
+    let owner = |what: &str, meta: &fs::Metadata| {
+        format!(
+            "{what} is owned by user {}, not by you ({me}) or root",
+            meta.uid()
+        )
+    };
+    let writable = |what: &str, meta: &fs::Metadata| {
+        format!(
+            "{what} is writable by other users (mode {:o})",
+            meta.mode() & 0o7777
+        )
+    };
+    let (Ok(link), Ok(file)) = (fs::symlink_metadata(path), fs::metadata(path)) else {
+        return Some("it cannot be inspected".to_owned());
+    };
+    for meta in [&link, &file] {
+        if foreign(meta) {
+            return Some(owner("it", meta));
+        }
+    }
+    if others_may_write(&file) {
+        return Some(writable("it", &file));
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let Ok(dir_meta) = fs::metadata(dir) else {
+        return Some(format!(
+            "its directory {} cannot be inspected",
+            dir.display()
+        ));
+    };
+    let what = format!("its directory {}", dir.display());
+    if foreign(&dir_meta) {
+        return Some(owner(&what, &dir_meta));
+    }
+    let sticky = dir_meta.mode() & 0o1000 != 0;
+    (others_may_write(&dir_meta) && !sticky).then(|| writable(&what, &dir_meta))
 }
 
 /// Reads a TOML config file into the same shape as the command-line settings, rejecting unknown keys
@@ -244,7 +323,13 @@ mod tests {
             "remote-header = [\"a=env:A\"]",
         );
         assert_eq!(r.settings.mode, Mode::Remote);
-        assert_eq!(r.settings.remote_header, ["x-api-key=s3cret"]);
+        let headers: Vec<_> = r
+            .settings
+            .remote_header
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(headers, [("x-api-key", "s3cret")]);
         let report = r.report().unwrap();
         assert!(!report.contains("s3cret"), "{report}");
         assert!(report.contains("x-api-key=<hidden>"), "{report}");
@@ -252,6 +337,64 @@ mod tests {
         assert_eq!(redact_header("s3cret"), "<hidden>");
         let r = resolve_with(&[], "mode = \"cache-only\"\nremote = \"grpc://h:1\"");
         assert_eq!(r.settings.mode, Mode::CacheOnly);
+    }
+
+    #[test]
+    fn discovered_files_are_trusted_only_when_no_other_user_could_write_them() {
+        use std::os::unix::fs::{PermissionsExt as _, chown, lchown};
+        let mode = |path: &Path, mode: u32| {
+            fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("project");
+        fs::create_dir(&dir).unwrap();
+        let file = dir.join("dtlto-reapi.toml");
+        fs::write(&file, "jobs = 1\n").unwrap();
+        mode(&dir, 0o755);
+        mode(&file, 0o644);
+        assert_eq!(untrusted(&file), None);
+        mode(&file, 0o646);
+        assert!(
+            untrusted(&file)
+                .unwrap()
+                .contains("writable by other users (mode 646)")
+        );
+        mode(&file, 0o644);
+        mode(&dir, 0o777);
+        let why = untrusted(&file).unwrap();
+        assert!(
+            why.contains("its directory") && why.contains("mode 777"),
+            "{why}"
+        );
+        // Sticky, like /tmp: others cannot replace a file they do not own.
+        mode(&dir, 0o1777);
+        assert_eq!(untrusted(&file), None);
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("not root: the checks of other users' files are not exercised");
+            return;
+        }
+        // Group-writable: fine for this user's primary group, not for another.
+        mode(&dir, 0o775);
+        assert_eq!(untrusted(&file), None);
+        chown(&dir, None, Some(65534)).unwrap();
+        assert!(
+            untrusted(&file)
+                .unwrap()
+                .contains("writable by other users")
+        );
+        chown(&dir, None, Some(0)).unwrap();
+        mode(&dir, 0o1777);
+        chown(&file, Some(65534), None).unwrap();
+        let why = untrusted(&file).unwrap();
+        assert!(why.contains("owned by user 65534"), "{why}");
+        // A symlink another user planted, to a file of this user's, is theirs.
+        chown(&file, Some(0), None).unwrap();
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(untrusted(&link), None);
+        lchown(&link, Some(65534), None).unwrap();
+        assert!(untrusted(&link).unwrap().contains("owned by user 65534"));
     }
 
     #[test]

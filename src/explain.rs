@@ -1,7 +1,7 @@
 //! `dtlto-reapi explain OLD.json NEW.json`: why the jobs of a link missed the cache, from two links'
 //! `--stats-json`.
 //!
-//! Every job with an Action records the parts its digest is made of ([`ActionParts`]). For each job
+//! Every job with an Action records the parts its digest is made of (`ActionParts`). For each job
 //! of NEW that did not come from a cache, the job of OLD with the same module is found — by the
 //! module's content, else by its path (archive members' temporary names compared without lld's
 //! task and PID suffix) — and the parts that differ are named: the module itself, an imported
@@ -10,46 +10,28 @@
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::plan::action::InputPart;
+use crate::stats::{JobRecord, Ran, StatsFile};
 use anyhow::{Context, Result};
-use serde::Deserialize;
 
-use crate::plan::action::{ActionParts, InputPart};
-
-/// The part of a `--stats-json` file that explaining needs.
-#[derive(Debug, Deserialize)]
-struct StatsFile {
-    jobs: Vec<JobStats>,
+fn label(job: &JobRecord) -> String {
+    format!("job {} ({})", job.index, job.module.display())
 }
 
-#[derive(Debug, Deserialize)]
-struct JobStats {
-    index: usize,
-    module: PathBuf,
-    ran: String,
-    action: Option<String>,
-    parts: Option<ActionParts>,
-}
-
-impl JobStats {
-    fn label(&self) -> String {
-        format!("job {} ({})", self.index, self.module.display())
-    }
-
-    /// Whether the job's result came from a cache.
-    fn hit(&self) -> bool {
-        matches!(self.ran.as_str(), "action-cache" | "disk-cache")
-    }
+/// Whether the job's result came from a cache.
+fn hit(job: &JobRecord) -> bool {
+    matches!(job.ran, Ran::ActionCache | Ran::DiskCache)
 }
 
 /// The report: one line per job of NEW that missed, with its causes.
 pub fn run(old: &Path, new: &Path) -> Result<String> {
     let (old, new) = (read(old)?, read(new)?);
-    let missed: Vec<&JobStats> = new
+    let missed: Vec<&JobRecord> = new
         .jobs
         .iter()
-        .filter(|job| !job.hit() && job.ran != "not-started")
+        .filter(|job| !hit(job) && job.ran != Ran::NotStarted)
         .collect();
     let mut out = String::new();
     if missed.is_empty() {
@@ -60,7 +42,7 @@ pub fn run(old: &Path, new: &Path) -> Result<String> {
         let _ = writeln!(
             out,
             "{}: {}",
-            job.label(),
+            label(job),
             explain(job, &old.jobs).join("; ")
         );
     }
@@ -81,7 +63,7 @@ fn read(path: &Path) -> Result<StatsFile> {
 }
 
 /// Why `job` (of NEW) missed, compared with its counterpart in `old`.
-fn explain(job: &JobStats, old: &[JobStats]) -> Vec<String> {
+fn explain(job: &JobRecord, old: &[JobRecord]) -> Vec<String> {
     let Some(new) = &job.parts else {
         return vec![
             "no Action recorded (the link ran without a cache: local mode without --disk-cache)"
@@ -103,14 +85,14 @@ fn explain(job: &JobStats, old: &[JobStats]) -> Vec<String> {
     let Some(before) = &counterpart.parts else {
         return vec![format!(
             "{} of OLD recorded no Action to compare with",
-            counterpart.label()
+            label(counterpart)
         )];
     };
     if job.action.is_some() && job.action == counterpart.action {
         return vec![format!(
             "the same Action as {} of OLD: its result was not in this link's cache (another \
              cache, or evicted)",
-            counterpart.label()
+            label(counterpart)
         )];
     }
     let mut causes = Vec::new();
@@ -141,7 +123,7 @@ fn explain(job: &JobStats, old: &[JobStats]) -> Vec<String> {
         causes.push(format!(
             "the Action's command or input root differ from {} of OLD in another way (layout, \
              common inputs, outputs)",
-            counterpart.label()
+            label(counterpart)
         ));
     }
     causes

@@ -156,14 +156,14 @@ impl Reporter {
         ));
         if let Some(path) = stats_json {
             let stats = StatsFile {
-                job_file,
-                mode: totals.mode,
+                job_file: job_file.to_owned(),
+                mode: totals.mode.to_owned(),
                 wall_ms: wall.as_millis() as u64,
                 cpu_ms: own_cpu().as_millis() as u64,
                 transfers: totals.transfers,
-                toolchain: totals.toolchain.as_ref(),
+                toolchain: totals.toolchain.clone(),
                 inputs: totals.inputs,
-                jobs: &records,
+                jobs: records,
             };
             let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
             json.push(b'\n');

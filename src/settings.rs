@@ -9,14 +9,15 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use clap::builder::BoolishValueParser;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
 use crate::plan::layout::LayoutKind;
 use crate::plan::toolchain::ToolchainMode;
+use crate::reapi::{self, HelperArg};
 
 /// Where the backend compiles run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -61,15 +62,15 @@ pub struct Settings {
     pub verbose: bool,
     pub stats_json: Option<PathBuf>,
     pub trace: Option<PathBuf>,
-    pub remote: Option<String>,
+    pub remote: Option<Endpoint>,
     pub instance_name: String,
-    pub remote_header: Vec<String>,
-    pub credential_helper: Vec<String>,
+    pub remote_header: Vec<RemoteHeader>,
+    pub credential_helper: Vec<CredentialHelper>,
     pub credential_helper_timeout: u64,
     pub tls_ca_cert: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
     pub tls_client_key: Option<PathBuf>,
-    pub platform: Vec<String>,
+    pub platform: Vec<PlatformProperty>,
     pub remote_compiler: Option<String>,
     /// None: upload where possible.
     pub toolchain: Option<ToolchainMode>,
@@ -88,8 +89,47 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn with_defaults(layers: SettingsArgs) -> Result<Settings> {
-        let default_mode = if layers.remote.is_some() {
+    /// Applies the defaults and checks every value's form; `origin` names where the setting of a
+    /// key (`remote-header`) came from, for the one line that refuses a malformed value.
+    pub(crate) fn with_defaults(
+        layers: SettingsArgs,
+        origin: &dyn Fn(&str) -> String,
+    ) -> Result<Settings> {
+        let remote = layers
+            .remote
+            .map(|url| {
+                reapi::check_endpoint(&url)
+                    .map(|()| Endpoint(url.clone()))
+                    .map_err(|why| anyhow!("--remote={url} ({}): {why}", origin("remote")))
+            })
+            .transpose()?;
+        let remote_header = layers
+            .remote_header
+            .unwrap_or_default()
+            .iter()
+            .map(|arg| RemoteHeader::parse(arg))
+            .collect::<Result<_, _>>()
+            .map_err(|why| anyhow!("--remote-header ({}): {why}", origin("remote-header")))?;
+        let credential_helper = layers
+            .credential_helper
+            .unwrap_or_default()
+            .into_iter()
+            .map(|arg| match reapi::parse_helper_arg(&arg) {
+                Ok(helper) => Ok(CredentialHelper { arg, helper }),
+                Err(why) => Err(anyhow!(
+                    "--credential-helper `{arg}` ({}): {why}",
+                    origin("credential-helper")
+                )),
+            })
+            .collect::<Result<_>>()?;
+        let platform = layers
+            .platform
+            .unwrap_or_default()
+            .iter()
+            .map(|p| PlatformProperty::parse(p))
+            .collect::<Result<_, _>>()
+            .map_err(|why| anyhow!("--platform ({}): {why}", origin("platform")))?;
+        let default_mode = if remote.is_some() {
             Mode::Remote
         } else {
             Mode::Local
@@ -105,10 +145,10 @@ impl Settings {
             verbose: layers.verbose.unwrap_or(false),
             stats_json: layers.stats_json,
             trace: layers.trace,
-            remote: layers.remote,
+            remote,
             instance_name: layers.instance_name.unwrap_or_default(),
-            remote_header: layers.remote_header.unwrap_or_default(),
-            credential_helper: layers.credential_helper.unwrap_or_default(),
+            remote_header,
+            credential_helper,
             credential_helper_timeout: layers
                 .credential_helper_timeout
                 .filter(|&n| n > 0)
@@ -116,7 +156,7 @@ impl Settings {
             tls_ca_cert: layers.tls_ca_cert,
             tls_client_cert: layers.tls_client_cert,
             tls_client_key: layers.tls_client_key,
-            platform: layers.platform.unwrap_or_default(),
+            platform,
             remote_compiler: layers.remote_compiler,
             toolchain: layers.toolchain,
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
@@ -148,6 +188,82 @@ impl Settings {
                 None => DEFAULT_MAX_BYTES,
             },
         })
+    }
+}
+
+/// `--remote`: an endpoint of a form the client takes (`grpc://HOST:PORT`, `grpcs://HOST:PORT`,
+/// `unix:///PATH`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Endpoint(String);
+
+impl Endpoint {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One `--remote-header=NAME=VALUE`; a VALUE of `env:VAR` is read from the environment when the
+/// client connects. Shown (`config`) as given, and redacted there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteHeader {
+    pub name: String,
+    pub value: String,
+}
+
+impl RemoteHeader {
+    /// The error never shows the value: it may be a secret.
+    fn parse(arg: &str) -> Result<RemoteHeader, String> {
+        let (name, value) = reapi::parse_header_arg(arg)?;
+        reapi::check_header_name(&name)?;
+        if value.strip_prefix("env:") == Some("") {
+            return Err(format!("header `{name}`: `env:` names no variable"));
+        }
+        Ok(RemoteHeader { name, value })
+    }
+}
+
+impl Serialize for RemoteHeader {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}={}", self.name, self.value))
+    }
+}
+
+/// One `--platform=NAME=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlatformProperty {
+    pub name: String,
+    pub value: String,
+}
+
+impl PlatformProperty {
+    fn parse(arg: &str) -> Result<PlatformProperty, String> {
+        match arg.split_once('=') {
+            Some((name, value)) if !name.is_empty() => Ok(PlatformProperty {
+                name: name.to_owned(),
+                value: value.to_owned(),
+            }),
+            _ => Err(format!("`{arg}` is not of the form NAME=VALUE")),
+        }
+    }
+}
+
+impl Serialize for PlatformProperty {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}={}", self.name, self.value))
+    }
+}
+
+/// One `--credential-helper=[PATTERN=]PATH`, as given and as parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialHelper {
+    pub arg: String,
+    pub helper: HelperArg,
+}
+
+impl Serialize for CredentialHelper {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.arg)
     }
 }
 

@@ -1,13 +1,16 @@
 //! The `--stats-json` schema: what a link records of itself and of every job.
 //!
 //! The reporter writes these records at the end of a link; `dtlto-reapi explain` reads them back
-//! (through the same types) to say why jobs missed the cache, and the tests read them to check what
-//! ran where.
+//! through the same types to say why jobs missed the cache. The cluster's account of an execution
+//! (ExecutedActionMetadata) is converted here, once and with checked arithmetic, into the times the
+//! records show and the trace places ([`ServerTimes`]): a server's timestamps may be absurd.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Serialize;
+use bazel_remote_apis::build::bazel::remote::execution::v2::ExecutedActionMetadata;
+use bazel_remote_apis::google::protobuf::Timestamp;
+use serde::{Deserialize, Serialize};
 
 use crate::jobs::Job;
 use crate::plan::action::ActionParts;
@@ -17,7 +20,7 @@ use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::TransferStats;
 
 /// Where a job's result came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Ran {
     /// A compile on this machine.
@@ -33,7 +36,7 @@ pub enum Ran {
 }
 
 /// How a job ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Status {
     Succeeded,
@@ -43,7 +46,7 @@ pub enum Status {
 }
 
 /// One `--stats-json` record.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobRecord {
     pub index: usize,
     pub module: PathBuf,
@@ -75,7 +78,7 @@ pub struct JobRecord {
 
 /// A job's race between the cluster and a local compile: who ran it, who won, how long each side
 /// ran (the loser: until it was cancelled).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Race {
     /// The side whose result the job has; none when neither delivered (a failure, an interrupt).
     pub winner: Option<Side>,
@@ -86,7 +89,7 @@ pub struct Race {
 }
 
 /// A side of a race.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Side {
     Local,
@@ -94,7 +97,7 @@ pub enum Side {
 }
 
 /// Times reported by the cluster in ExecutedActionMetadata.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RemoteTimes {
     pub worker: String,
     pub queue_ms: Option<u64>,
@@ -124,24 +127,24 @@ impl JobRecord {
 }
 
 /// The whole `--stats-json` file of one link.
-#[derive(Serialize)]
-pub struct StatsFile<'a> {
-    pub job_file: &'a Path,
-    pub mode: &'a str,
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StatsFile {
+    pub job_file: PathBuf,
+    pub mode: String,
     pub wall_ms: u64,
     /// The distributor's own CPU time (user and system), its local compiles excluded.
     pub cpu_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transfers: Option<TransferStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub toolchain: Option<&'a ToolchainReport>,
+    pub toolchain: Option<ToolchainReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<HashingStats>,
-    pub jobs: &'a [JobRecord],
+    pub jobs: Vec<JobRecord>,
 }
 
 /// The link's compiler as `--stats-json` and the summary line report it, when Actions were planned.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolchainReport {
     /// `upload` or `worker`.
     pub mode: ToolchainMode,
@@ -155,4 +158,127 @@ pub struct ToolchainReport {
     /// What this link uploaded of it (included in `transfers`), in remote mode.
     pub bytes_uploaded: u64,
     pub blobs_uploaded: u64,
+}
+
+/// The timestamps of an ExecutedActionMetadata, converted once: microseconds since the Unix epoch,
+/// or None where the server sent none or one that does not fit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerTimes {
+    pub worker: String,
+    pub queued: Option<i64>,
+    pub worker_start: Option<i64>,
+    pub worker_completed: Option<i64>,
+    pub input_fetch: (Option<i64>, Option<i64>),
+    pub execution: (Option<i64>, Option<i64>),
+    pub output_upload: (Option<i64>, Option<i64>),
+}
+
+impl ServerTimes {
+    pub fn of(meta: &ExecutedActionMetadata) -> ServerTimes {
+        let at = |ts: &Option<Timestamp>| {
+            let ts = ts.as_ref()?;
+            ts.seconds
+                .checked_mul(1_000_000)?
+                .checked_add(i64::from(ts.nanos) / 1000)
+        };
+        ServerTimes {
+            worker: meta.worker.clone(),
+            queued: at(&meta.queued_timestamp),
+            worker_start: at(&meta.worker_start_timestamp),
+            worker_completed: at(&meta.worker_completed_timestamp),
+            input_fetch: (
+                at(&meta.input_fetch_start_timestamp),
+                at(&meta.input_fetch_completed_timestamp),
+            ),
+            execution: (
+                at(&meta.execution_start_timestamp),
+                at(&meta.execution_completed_timestamp),
+            ),
+            output_upload: (
+                at(&meta.output_upload_start_timestamp),
+                at(&meta.output_upload_completed_timestamp),
+            ),
+        }
+    }
+
+    /// Queue, input fetch, execution and output upload times, as the job's record shows them.
+    pub fn remote_times(&self) -> RemoteTimes {
+        let ms = |(from, to): (Option<i64>, Option<i64>)| {
+            u64::try_from(micros_between(from, to)? / 1000).ok()
+        };
+        RemoteTimes {
+            worker: self.worker.clone(),
+            queue_ms: ms((self.queued, self.worker_start)),
+            input_fetch_ms: ms(self.input_fetch),
+            execute_ms: ms(self.execution),
+            output_upload_ms: ms(self.output_upload),
+        }
+    }
+}
+
+/// Microseconds from `from` to `to`, when both are known, `to` is not earlier and the difference
+/// fits.
+pub fn micros_between(from: Option<i64>, to: Option<i64>) -> Option<i64> {
+    to?.checked_sub(from?).filter(|d| *d >= 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64, nanos: i32) -> Option<Timestamp> {
+        Some(Timestamp { seconds, nanos })
+    }
+
+    #[test]
+    fn server_times_survive_absurd_timestamps() {
+        let meta = ExecutedActionMetadata {
+            queued_timestamp: at(10, 500_000_000),
+            worker_start_timestamp: at(12, 0),
+            execution_start_timestamp: at(i64::MIN, 0),
+            execution_completed_timestamp: at(i64::MAX, 999_999_999),
+            input_fetch_start_timestamp: at(20, 0),
+            input_fetch_completed_timestamp: at(10, 0),
+            output_upload_start_timestamp: at(-9_223_372_036_854, -999_999_999),
+            output_upload_completed_timestamp: at(9_223_372_036_854, 999_999_999),
+            ..Default::default()
+        };
+        let times = ServerTimes::of(&meta).remote_times();
+        assert_eq!(times.queue_ms, Some(1500));
+        assert_eq!(times.execute_ms, None);
+        assert_eq!(times.input_fetch_ms, None);
+        // Both ends fit in microseconds, their difference does not.
+        assert_eq!(times.output_upload_ms, None);
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let job = Job {
+            index: 3,
+            args: vec![],
+            inputs: vec!["a.o".into()],
+            outputs: vec!["a.n.o".into()],
+        };
+        let mut record =
+            JobRecord::new(&job, Status::Failed, Ran::Remote, Duration::from_millis(7));
+        record.error = Some("why".into());
+        record.remote = Some(ServerTimes::default().remote_times());
+        let file = StatsFile {
+            job_file: "x.dist-file.json".into(),
+            mode: "remote".into(),
+            wall_ms: 1,
+            cpu_ms: 2,
+            transfers: Some(TransferStats::default()),
+            toolchain: None,
+            inputs: None,
+            jobs: vec![record],
+        };
+        let text = serde_json::to_string(&file).unwrap();
+        let back: StatsFile = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        assert_eq!(
+            (back.jobs[0].status, back.jobs[0].ran),
+            (Status::Failed, Ran::Remote)
+        );
+    }
 }

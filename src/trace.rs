@@ -22,12 +22,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
-use bazel_remote_apis::build::bazel::remote::execution::v2::ExecutedActionMetadata;
-use bazel_remote_apis::google::protobuf::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::jobs::Job;
+use crate::stats::{ServerTimes, micros_between};
 
 /// The process ids of the two groups of tracks.
 const CLIENT_PID: u32 = 1;
@@ -100,14 +99,13 @@ impl Trace {
         i64::try_from(at.saturating_duration_since(self.started).as_micros()).unwrap_or(i64::MAX)
     }
 
-    fn micros_of_timestamp(&self, ts: &Timestamp) -> Option<i64> {
-        let since_epoch = |t: SystemTime| {
-            t.duration_since(SystemTime::UNIX_EPOCH)
-                .ok()
-                .map(|d| d.as_micros() as i64)
-        };
-        let ts_micros = ts.seconds.checked_mul(1_000_000)? + i64::from(ts.nanos) / 1000;
-        Some(ts_micros - since_epoch(self.started_wall)?)
+    /// Where a server's time (microseconds since the Unix epoch) falls on the trace's clock.
+    fn micros_of_server_time(&self, micros: Option<i64>) -> Option<i64> {
+        let started = self
+            .started_wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()?;
+        micros?.checked_sub(i64::try_from(started.as_micros()).ok()?)
     }
 
     fn record(&self, event: Event) {
@@ -269,51 +267,48 @@ pub fn link_phase(trace: Option<&Arc<Trace>>, name: &'static str) -> Option<Phas
 }
 
 /// What the cluster reported about the current job's execution, placed on the worker's track.
-pub fn remote_execution(meta: &ExecutedActionMetadata) {
+pub fn remote_execution(times: &ServerTimes) {
     let _ = CURRENT.try_with(|track| {
         let Some(track) = track else { return };
         let trace = &track.trace;
-        let at = |ts: &Option<Timestamp>| ts.as_ref().and_then(|t| trace.micros_of_timestamp(t));
+        let at = |micros: Option<i64>| trace.micros_of_server_time(micros);
         let span = |name: &str, from: Option<i64>, to: Option<i64>| {
-            let (from, to) = (from?, to?);
-            (to >= from).then(|| Event {
+            Some(Event {
                 name: name.to_owned(),
                 cat: "cluster",
                 ph: "X",
-                ts: from,
-                dur: to - from,
+                ts: from?,
+                dur: micros_between(from, to)?,
                 pid: CLUSTER_PID,
                 tid: 0,
                 args: Value::Null,
             })
         };
         let (queued, started, completed) = (
-            at(&meta.queued_timestamp),
-            at(&meta.worker_start_timestamp),
-            at(&meta.worker_completed_timestamp),
+            at(times.queued),
+            at(times.worker_start),
+            at(times.worker_completed),
         );
         let Some(mut whole) = span(&track.module, queued.or(started), completed) else {
             return;
         };
         whole.cat = "action";
-        whole.args = json!({ "worker": meta.worker });
+        whole.args = json!({ "worker": times.worker });
+        // `ts + dur` is the `to` it was computed from: it cannot overflow.
+        let end = whole.ts + whole.dur;
         let mut events = vec![whole.clone()];
         let inner = [
             ("queued", queued, started),
             (
                 "input fetch",
-                at(&meta.input_fetch_start_timestamp),
-                at(&meta.input_fetch_completed_timestamp),
+                at(times.input_fetch.0),
+                at(times.input_fetch.1),
             ),
-            (
-                "executing",
-                at(&meta.execution_start_timestamp),
-                at(&meta.execution_completed_timestamp),
-            ),
+            ("executing", at(times.execution.0), at(times.execution.1)),
             (
                 "output upload",
-                at(&meta.output_upload_start_timestamp),
-                at(&meta.output_upload_completed_timestamp),
+                at(times.output_upload.0),
+                at(times.output_upload.1),
             ),
         ];
         // Only spans inside the whole one: a server's odd timestamps must not break the nesting.
@@ -321,16 +316,16 @@ pub fn remote_execution(meta: &ExecutedActionMetadata) {
             inner
                 .into_iter()
                 .filter_map(|(name, from, to)| span(name, from, to))
-                .filter(|e| e.ts >= whole.ts && e.ts + e.dur <= whole.ts + whole.dur),
+                .filter(|e| e.ts >= whole.ts && e.ts + e.dur <= end),
         );
         if let Ok(mut state) = trace.state.lock() {
             state
                 .executions
-                .entry(meta.worker.clone())
+                .entry(times.worker.clone())
                 .or_default()
                 .push(Execution {
                     start: whole.ts,
-                    end: whole.ts + whole.dur,
+                    end,
                     events,
                 });
         }

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{CredentialHelper, Linked, Project, Server, chain_project, ran_only};
+use common::{CredentialHelper, Linked, Project, Server, chain, chain_project, ran_only};
 
 const SECRET: &str = "s3cret-token-value";
 
@@ -252,7 +252,6 @@ fn config_never_shows_secrets() {
         common::dtlto_reapi()
             .arg("config")
             .arg(format!("--remote-header=x-token={SECRET}"))
-            .arg("--remote-header=s3cret-without-equals")
             .arg(helper.option()),
     );
     let text = String::from_utf8_lossy(&out.stdout);
@@ -260,7 +259,18 @@ fn config_never_shows_secrets() {
     assert!(!text.contains(SECRET), "{text}");
     assert_eq!(helper.runs(), 0, "config must not run the helper");
 
-    // A header given without `=` is refused without being echoed.
+    // A header given without `=` is refused without being echoed, by `config` and by a link.
+    let out = common::dtlto_reapi()
+        .arg("config")
+        .arg("--remote-header=s3cret-without-equals")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("NAME=VALUE"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
     let (project, _) = chain_project(1);
     let server = server(&project, SECRET, &[]);
     let linked = link(
@@ -272,4 +282,92 @@ fn config_never_shows_secrets() {
     linked.assert_failure();
     linked.assert_stderr_contains("NAME=VALUE");
     assert_no_secret(&linked);
+}
+
+#[test]
+fn a_config_file_planted_by_another_user_is_ignored_and_the_users_own_applies() {
+    use std::os::unix::fs::{PermissionsExt as _, chown};
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: only root can give a file to another user (CI runs as root)");
+        return;
+    }
+    // A shared, world-writable directory like /tmp, with another user's dtlto-reapi.toml in it,
+    // and the project below it.
+    let mut project = Project::in_subdir("shared/project");
+    let chain = chain(2);
+    project.add_sources(chain.sources);
+    let shared = project.dir().parent().unwrap().to_owned();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let server = server(&project, SECRET, &[]);
+    let planted_helper = CredentialHelper::answering(&format!(r#"{{"x-token": ["{SECRET}"]}}"#));
+    let planted = shared.join("dtlto-reapi.toml");
+    std::fs::write(
+        &planted,
+        format!(
+            "remote = \"{}\"\ncredential-helper = [\"{}\"]\n",
+            server.url(),
+            planted_helper.path.display()
+        ),
+    )
+    .unwrap();
+    chown(&planted, Some(65534), Some(65534)).unwrap();
+
+    // The user's own config: the same server, the user's own helper.
+    let own_helper = CredentialHelper::answering(&format!(r#"{{"x-token": ["{SECRET}"]}}"#));
+    let home = tempfile::tempdir().unwrap();
+    let own = home.path().join("dtlto-reapi").join("config.toml");
+    std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+    std::fs::write(
+        &own,
+        format!(
+            "remote = \"{}\"\ncredential-helper = [\"{}\"]\n",
+            server.url(),
+            own_helper.path.display()
+        ),
+    )
+    .unwrap();
+
+    let linked = project
+        .link("app")
+        .stats_json()
+        .env("XDG_CONFIG_HOME", home.path())
+        .run();
+    assert_eq!(linked.run_program(), chain.expected_output);
+    assert_eq!(
+        linked.stats().ran(),
+        ran_only("remote", 3),
+        "{}\n{}",
+        linked.stats(),
+        linked.stderr
+    );
+    assert_eq!(planted_helper.runs(), 0, "the planted config's helper ran");
+    assert_eq!(own_helper.runs(), 1, "{}", linked.stderr);
+    let warnings: Vec<&str> = linked
+        .stderr
+        .lines()
+        .filter(|l| l.contains("warning"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", linked.stderr);
+    assert!(
+        warnings[0].contains(&format!("ignoring {}", planted.display()))
+            && warnings[0].contains("owned by user 65534"),
+        "{}",
+        warnings[0]
+    );
+
+    // Named explicitly, the same file is the user's choice and is read.
+    let named = common::run_ok(
+        common::dtlto_reapi()
+            .current_dir(project.dir())
+            .env("XDG_CONFIG_HOME", home.path())
+            .arg("config")
+            .arg(format!("--config={}", planted.display())),
+    );
+    let text = String::from_utf8_lossy(&named.stdout);
+    assert!(
+        text.contains(&format!("# config file: {}", planted.display())),
+        "{text}"
+    );
+    assert!(String::from_utf8_lossy(&named.stderr).is_empty());
 }

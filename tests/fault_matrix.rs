@@ -484,6 +484,22 @@ fn a_read_that_drips_a_byte_a_second_ends_in_the_local_fallback() {
 }
 
 #[test]
+fn a_zstd_bomb_in_a_read_is_a_clear_error_and_memory_stays_bounded() {
+    // Every compressed read answers 128 KiB that decompress to 4 GiB. Only objects of 1 KiB and
+    // more travel compressed: their jobs fall back to local compiles.
+    let faults = [READS_BY_STREAM[0], "--fault-zstd-bomb"];
+    let (_, remote) = link_against_hostile(&faults, &[], Duration::from_secs(120));
+    let warnings = remote.fallback_warnings();
+    assert_eq!(warnings.len(), 1, "{}", remote.linked.stderr);
+    assert!(
+        warnings[0].contains("cannot decompress the zstd stream: decompresses to more than the"),
+        "{}",
+        warnings[0]
+    );
+    assert!(remote.ran().get("local") >= Some(&1), "{}", remote.stats());
+}
+
+#[test]
 fn an_output_claiming_a_terabyte_is_a_server_error_and_falls_back() {
     let (_, remote) = link_against_hostile(
         &["--fault-output-size=1099511627776"],

@@ -145,3 +145,37 @@ fn remote_link_trace_nests_and_covers_every_job_and_a_cached_relink_only_looks_u
     );
     assert!(names(&relink, "action").is_empty());
 }
+
+/// A server whose metadata reports absurd timestamps (`--fault-absurd-timestamps`): the link
+/// succeeds, the trace stays valid and nested, the executions whose times do not fit are left off
+/// the workers' tracks, and the record shows no execute time rather than a wrapped one.
+#[test]
+fn absurd_server_timestamps_neither_overflow_nor_break_the_trace() {
+    let (project, expected) = chain_with_archive(2);
+    let server = Server::start([
+        "--hide".to_owned(),
+        project.dir().display().to_string(),
+        "--fault-absurd-timestamps".to_owned(),
+    ]);
+    let trace = project.dir().join("absurd.trace.json");
+    let linked = project
+        .link("absurd")
+        .remote(server.url())
+        .distributor_arg(format!("--trace={}", trace.display()))
+        .stats_json()
+        .run();
+    assert_eq!(linked.run_program(), expected);
+    let stats = linked.stats();
+    assert_eq!(stats.ran(), ran_only("remote", 3), "{stats}");
+    let events = events(&trace);
+    assert_nested(&events);
+    assert_eq!(names(&events, "job"), modules(&stats));
+    assert!(names(&events, "action").is_empty(), "{events:?}");
+    for job in stats.jobs() {
+        let remote = &job["remote"];
+        assert!(remote.is_object(), "{job}");
+        assert!(remote["execute_ms"].is_null(), "{job}");
+        assert!(remote["input_fetch_ms"].is_null(), "{job}");
+        assert_eq!(remote["queue_ms"], 0, "{job}");
+    }
+}

@@ -24,12 +24,12 @@ use tokio_util::sync::CancellationToken;
 use super::context::RunContext;
 use super::local_runner::LocalRunner;
 use super::outcome::{self, Outcome};
-use super::remote::{RemoteExecutor, RemoteFailure, remote_times};
+use super::remote::{RemoteExecutor, RemoteFailure};
 use super::slots::{Candidate, Claim, Remote};
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
 use crate::reapi::CallContext;
-use crate::stats::{JobRecord, Race, Ran, RemoteTimes, Side};
+use crate::stats::{JobRecord, Race, Ran, RemoteTimes, ServerTimes, Side};
 use crate::trace;
 
 /// Remote failures in a row (with no remote success between them) after which the link stops
@@ -143,7 +143,10 @@ impl RemoteExecutor {
                 let hit = Outcome::Succeeded {
                     ran: Ran::ActionCache,
                     output,
-                    remote: result.execution_metadata.as_ref().map(remote_times),
+                    remote: result
+                        .execution_metadata
+                        .as_ref()
+                        .map(|meta| ServerTimes::of(meta).remote_times()),
                 };
                 return outcome::record(ctx, &job, hit, started.elapsed());
             }
@@ -203,10 +206,10 @@ impl RemoteExecutor {
             let executing = || candidate.set(Remote::Executing);
             tokio::select! {
                 ended = self.execute(job, spec, call, executing) => match ended {
-                    Ok((ran, result)) => RemoteEnd::Delivered {
+                    Ok((ran, result, times)) => RemoteEnd::Delivered {
                         ran,
                         output: self.stderr_of(&result, call).await,
-                        times: result.execution_metadata.as_ref().map(remote_times),
+                        times: times.as_ref().map(ServerTimes::remote_times),
                     },
                     Err(RemoteFailure::Compile { exit_code, stderr }) => RemoteEnd::CompileFailed {
                         exit_code,

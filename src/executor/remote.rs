@@ -13,11 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, bail};
-use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    ActionResult, ExecutedActionMetadata,
-};
-use bazel_remote_apis::google::protobuf::Timestamp;
+use anyhow::{Result, bail};
+use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
 
 use super::context::RunContext;
 use super::local_runner::{LocalRunner, local_action_result};
@@ -27,13 +24,10 @@ use super::uploads::Uploads;
 use crate::advice;
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
-use crate::reapi::{
-    self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, Stage,
-    parse_header_arg, parse_helper_arg,
-};
+use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, Stage};
 use crate::settings::{Compression, Mode, Settings, Strategy};
 use crate::staging::StagedOutputs;
-use crate::stats::{JobRecord, Ran, RemoteTimes, Status};
+use crate::stats::{JobRecord, Ran, ServerTimes, Status};
 use crate::trace;
 
 /// Shared by every job of a remote or cache-only run.
@@ -105,18 +99,18 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
             serde_json::to_value(settings.mode)?.as_str().unwrap_or("?")
         );
     };
-    let mut options = ConnectionOptions::new(endpoint.clone());
+    let mut options = ConnectionOptions::new(endpoint.as_str());
     options.instance_name = settings.instance_name.clone();
     options.headers = settings
         .remote_header
         .iter()
-        .map(|h| parse_header_arg(h).map_err(|why| anyhow!("a --remote-header {why}")))
-        .collect::<Result<_, _>>()?;
+        .map(|h| (h.name.clone(), h.value.clone()))
+        .collect();
     options.credential_helpers = settings
         .credential_helper
         .iter()
-        .map(|h| parse_helper_arg(h).map_err(|why| anyhow!("--credential-helper `{h}`: {why}")))
-        .collect::<Result<_, _>>()?;
+        .map(|h| h.helper.clone())
+        .collect();
     options.credential_helper_timeout = Duration::from_secs(settings.credential_helper_timeout);
     options.tls.ca_cert = settings.tls_ca_cert.clone();
     options.tls.client_cert = settings.tls_client_cert.clone();
@@ -236,7 +230,7 @@ impl RemoteExecutor {
             }
         };
         let outcome = match ended {
-            Ok((ran, result)) => {
+            Ok((ran, result, times)) => {
                 let output = ctx
                     .cancel
                     .run_until_cancelled(self.stderr_of(&result, call))
@@ -245,7 +239,7 @@ impl RemoteExecutor {
                 Outcome::Succeeded {
                     ran,
                     output,
-                    remote: result.execution_metadata.as_ref().map(remote_times),
+                    remote: times.as_ref().map(ServerTimes::remote_times),
                 }
             }
             Err(RemoteFailure::Compile { exit_code, stderr }) => Outcome::Failed {
@@ -396,9 +390,10 @@ impl RemoteExecutor {
         job: &Job,
         spec: &ActionSpec,
         call: &CallContext,
-    ) -> Result<(Ran, ActionResult), RemoteFailure> {
+    ) -> Result<(Ran, ActionResult, Option<ServerTimes>), RemoteFailure> {
         if let Some(result) = self.lookup(job, spec, call).await? {
-            return Ok((Ran::ActionCache, result));
+            let times = result.execution_metadata.as_ref().map(ServerTimes::of);
+            return Ok((Ran::ActionCache, result, times));
         }
         self.execute(job, spec, call, || {}).await
     }
@@ -434,7 +429,7 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
         mut executing: impl FnMut() + Send,
-    ) -> Result<(Ran, ActionResult), RemoteFailure> {
+    ) -> Result<(Ran, ActionResult, Option<ServerTimes>), RemoteFailure> {
         let mut on_stage = |stage: Stage| {
             if stage == Stage::Executing {
                 executing();
@@ -490,16 +485,18 @@ impl RemoteExecutor {
                 stderr,
             });
         }
+        // The server's timestamps, converted once for the record and the trace.
+        let times = result.execution_metadata.as_ref().map(ServerTimes::of);
         let ran = if response.cached_result {
             Ran::ActionCache
         } else {
-            if let Some(meta) = &result.execution_metadata {
-                trace::remote_execution(meta);
+            if let Some(times) = &times {
+                trace::remote_execution(times);
             }
             Ran::Remote
         };
         self.materialize(job, spec, &result, call).await?;
-        Ok((ran, result))
+        Ok((ran, result, times))
     }
 
     /// Upload mode: puts the toolchain's files in the CAS once per link (every job waits for the
@@ -665,61 +662,4 @@ fn not_executed(e: ReapiError) -> RemoteFailure {
 /// The paths of a job's outputs inside its action, for the server to inline in cache hits.
 fn output_names(spec: &ActionSpec) -> Vec<String> {
     spec.outputs.iter().map(|(name, _)| name.clone()).collect()
-}
-
-/// Queue, input fetch, execution and output upload times from the server's metadata.
-pub(crate) fn remote_times(meta: &ExecutedActionMetadata) -> RemoteTimes {
-    // Timestamps come from the server: any of them may be absurd, and nothing may overflow.
-    let span = |from: &Option<Timestamp>, to: &Option<Timestamp>| -> Option<u64> {
-        let (from, to) = (from.as_ref()?, to.as_ref()?);
-        let ms = to
-            .seconds
-            .checked_sub(from.seconds)?
-            .checked_mul(1000)?
-            .checked_add((i64::from(to.nanos) - i64::from(from.nanos)) / 1_000_000)?;
-        u64::try_from(ms).ok()
-    };
-    RemoteTimes {
-        worker: meta.worker.clone(),
-        queue_ms: span(&meta.queued_timestamp, &meta.worker_start_timestamp),
-        input_fetch_ms: span(
-            &meta.input_fetch_start_timestamp,
-            &meta.input_fetch_completed_timestamp,
-        ),
-        execute_ms: span(
-            &meta.execution_start_timestamp,
-            &meta.execution_completed_timestamp,
-        ),
-        output_upload_ms: span(
-            &meta.output_upload_start_timestamp,
-            &meta.output_upload_completed_timestamp,
-        ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(seconds: i64, nanos: i32) -> Option<Timestamp> {
-        Some(Timestamp { seconds, nanos })
-    }
-
-    #[test]
-    fn remote_times_survive_absurd_timestamps() {
-        let meta = ExecutedActionMetadata {
-            queued_timestamp: at(10, 500_000_000),
-            worker_start_timestamp: at(12, 0),
-            execution_start_timestamp: at(i64::MIN, 0),
-            execution_completed_timestamp: at(i64::MAX, 999_999_999),
-            input_fetch_start_timestamp: at(20, 0),
-            input_fetch_completed_timestamp: at(10, 0),
-            ..Default::default()
-        };
-        let times = remote_times(&meta);
-        assert_eq!(times.queue_ms, Some(1500));
-        assert_eq!(times.execute_ms, None);
-        assert_eq!(times.input_fetch_ms, None);
-        assert_eq!(times.output_upload_ms, None);
-    }
 }

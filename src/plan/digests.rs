@@ -34,7 +34,7 @@ pub struct FileInfo {
 const READ_WHOLE_LIMIT: u64 = 64 << 20;
 
 /// How the link's input files were known (`--stats-json` `inputs`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct HashingStats {
     /// Files read and hashed, and their bytes.
     pub files_hashed: u64,

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use super::action::{self, ActionOptions, ActionSpec};
 use super::digests::{FileDigests, HashingStats};
@@ -166,14 +166,11 @@ impl Planner {
     }
 }
 
-/// `NAME=VALUE` platform properties.
+/// The platform properties, `(NAME, VALUE)`.
 pub(crate) fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
-    settings
+    Ok(settings
         .platform
         .iter()
-        .map(|p| match p.split_once('=') {
-            Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
-            _ => bail!("--platform {p:?} is not of the form NAME=VALUE"),
-        })
-        .collect()
+        .map(|p| (p.name.clone(), p.value.clone()))
+        .collect())
 }

@@ -242,24 +242,35 @@ impl Inner {
                     .read(self.request(request, ctx, remaining))
                     .await?
                     .into_inner();
-                while let Some(message) = self.next_message(&mut stream).await? {
+                'read: while let Some(message) = self.next_message(&mut stream).await? {
                     self.counters.received(message.data.len() as u64);
                     received += message.data.len() as u64;
-                    let data = match &mut decoder {
-                        Some(decoder) => decoder.feed(&message.data).map_err(|e| {
-                            ReadFailure::Undecodable(format!(
-                                "cannot decompress the zstd stream: {e}"
-                            ))
-                        })?,
-                        None => message.data,
+                    // Compressed data comes out of the decoder a bounded step at a time.
+                    let mut plain = match &mut decoder {
+                        Some(decoder) => {
+                            decoder.push(message.data);
+                            None
+                        }
+                        None => Some(message.data),
                     };
-                    if hasher.size() + data.len() as u64 > size {
-                        // Too much data: count it so the digest mismatches, but do not store it.
+                    loop {
+                        let data = match &mut decoder {
+                            Some(decoder) => decoder.next().await.map_err(|e| {
+                                ReadFailure::Undecodable(format!(
+                                    "cannot decompress the zstd stream: {e}"
+                                ))
+                            })?,
+                            None => plain.take(),
+                        };
+                        let Some(data) = data else { break };
+                        if hasher.size() + data.len() as u64 > size {
+                            // Too much data: count it so the digest mismatches, but do not store it.
+                            hasher.update(&data);
+                            break 'read;
+                        }
+                        sink.write(&data).await.map_err(ReadFailure::Local)?;
                         hasher.update(&data);
-                        break;
                     }
-                    sink.write(&data).await.map_err(ReadFailure::Local)?;
-                    hasher.update(&data);
                 }
                 Ok::<_, ReadFailure>(())
             };

@@ -41,6 +41,15 @@ enum Target {
     Unix(PathBuf),
 }
 
+/// Checks an endpoint's form without connecting; the error says what is wrong with it.
+pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    match parse_target(endpoint) {
+        Ok(_) => Ok(()),
+        Err(ReapiError::Config(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn parse_target(endpoint: &str) -> Result<Target, ReapiError> {
     let bad = |why: &str| ReapiError::Config(format!("endpoint `{endpoint}`: {why}"));
     if let Some(path) = endpoint.strip_prefix("unix://") {

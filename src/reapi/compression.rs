@@ -5,12 +5,18 @@
 //! every blob is still verified against its digest after decompression. A blob is compressed only
 //! when the server lists zstd in its capabilities, the user has not turned compression off, and
 //! the blob is at least [`MIN_COMPRESSED_SIZE`] bytes.
+//!
+//! Decompression trusts nothing it is sent: a few KiB of zstd can expand to GiBs. Output comes in
+//! steps of at most [`STEP`] bytes, each checked against the size the digest names before the next
+//! is made, and a frame may not ask for a window above [`MAX_WINDOW_LOG`]; so what one transfer
+//! can make the process hold is bounded whatever arrives.
 
-use std::io::{self, BufReader, Read, Write as _};
+use std::io::{self, BufReader, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::compressor;
+use zstd::stream::raw::{DParameter, Operation as _};
 
 /// The zstd level: the library's default, the usual trade-off for network transfers.
 pub const LEVEL: i32 = 3;
@@ -47,21 +53,80 @@ pub fn max_compressed_size(size: u64) -> u64 {
     usize::try_from(size).map_or(u64::MAX, |n| zstd::zstd_safe::compress_bound(n) as u64)
 }
 
-/// Decompresses `data`, which must hold exactly `size` bytes once decompressed (never more is
-/// allocated: a frame that would grow beyond `size` is an error, not a memory blow-up).
-pub fn decompress(data: &[u8], size: u64) -> io::Result<Vec<u8>> {
+/// The most output one decompression step makes before it is checked against the blob's size.
+const STEP: usize = 256 << 10;
+
+/// The largest window (as a power of two: 8 MiB) a frame may need. zstd allocates the window a
+/// frame header asks for, so without a limit one small frame could make the process hold 2 GiB.
+/// 8 MiB is what RFC 8878 asks every decoder to support, and more than zstd's levels up to 19 and
+/// the common REAPI servers' encoders use.
+pub const MAX_WINDOW_LOG: u32 = 23;
+
+/// A zstd decoder that never produces more than the `size` bytes its blob has.
+struct Bounded {
+    zstd: zstd::stream::raw::Decoder<'static>,
+    produced: u64,
+    size: u64,
+    /// The last step ended at the end of a frame.
+    at_frame_end: bool,
+}
+
+impl Bounded {
+    fn new(size: u64) -> io::Result<Bounded> {
+        let mut zstd = zstd::stream::raw::Decoder::new()?;
+        zstd.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))?;
+        Ok(Bounded {
+            zstd,
+            produced: 0,
+            size,
+            at_frame_end: true,
+        })
+    }
+
+    /// Decodes from the front of `input` (consuming it) up to [`STEP`] bytes of output; empty when
+    /// `input` is used up and nothing is left to come out. An error once the output passes `size`
+    /// (blocking: CPU-bound).
+    fn step(&mut self, input: &mut &[u8]) -> io::Result<Vec<u8>> {
+        let mut out = vec![0; STEP];
+        let mut written = 0;
+        while written < STEP {
+            let status = self.zstd.run_on_buffers(input, &mut out[written..])?;
+            *input = &input[status.bytes_read..];
+            written += status.bytes_written;
+            if status.bytes_read == 0 && status.bytes_written == 0 {
+                break;
+            }
+            self.at_frame_end = status.remaining == 0;
+        }
+        out.truncate(written);
+        self.produced += written as u64;
+        if self.produced > self.size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("decompresses to more than the {} bytes named", self.size),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Decompresses `data`, which must hold exactly `size` bytes once decompressed (a frame that
+/// would grow beyond `size` is an error after at most [`STEP`] more bytes, not a memory blow-up).
+/// Blocking (CPU-bound): call from a blocking thread.
+pub fn decompress(mut data: &[u8], size: u64) -> io::Result<Vec<u8>> {
+    let mut decoder = Bounded::new(size)?;
     let mut out = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(64 << 20));
-    zstd::stream::read::Decoder::new(data)?
-        .take(size.saturating_add(1))
-        .read_to_end(&mut out)?;
-    if out.len() as u64 != size {
+    loop {
+        let step = decoder.step(&mut data)?;
+        if step.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&step);
+    }
+    if out.len() as u64 != size || !decoder.at_frame_end {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!(
-                "decompressed to {}{} bytes instead of {size}",
-                out.len(),
-                if out.len() as u64 > size { "+" } else { "" }
-            ),
+            format!("decompressed to {} bytes instead of {size}", out.len()),
         ));
     }
     Ok(out)
@@ -120,35 +185,61 @@ impl Encoder {
 }
 
 /// Decompresses a ByteStream read as it arrives, across resumed attempts, refusing to produce
-/// more than the blob's size.
+/// more than the blob's size: compressed messages go in with [`push`](Self::push), and come out
+/// a [`STEP`] at a time with [`next`](Self::next), each step on a blocking thread.
 pub(crate) struct StreamDecoder {
-    inner: zstd::stream::write::Decoder<'static, Vec<u8>>,
-    produced: u64,
-    size: u64,
+    /// `None` only while a step runs (or after one was abandoned mid-way: see [`next`]).
+    state: Option<StreamState>,
+}
+
+struct StreamState {
+    decoder: Bounded,
+    /// Compressed bytes not decoded yet, from `consumed` on.
+    input: Vec<u8>,
+    consumed: usize,
 }
 
 impl StreamDecoder {
     pub(crate) fn new(size: u64) -> io::Result<StreamDecoder> {
         Ok(StreamDecoder {
-            inner: zstd::stream::write::Decoder::new(Vec::new())?,
-            produced: 0,
-            size,
+            state: Some(StreamState {
+                decoder: Bounded::new(size)?,
+                input: Vec::new(),
+                consumed: 0,
+            }),
         })
     }
 
-    /// Feeds compressed bytes; returns the uncompressed bytes they completed.
-    pub(crate) fn feed(&mut self, compressed: &[u8]) -> io::Result<Vec<u8>> {
-        self.inner.write_all(compressed)?;
-        self.inner.flush()?;
-        let out = std::mem::take(self.inner.get_mut());
-        self.produced += out.len() as u64;
-        if self.produced > self.size {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("decompresses to more than the {} bytes named", self.size),
-            ));
+    /// Queues compressed bytes for [`next`](Self::next).
+    pub(crate) fn push(&mut self, compressed: Vec<u8>) {
+        if let Some(state) = &mut self.state {
+            if state.consumed == state.input.len() {
+                state.input = compressed;
+            } else {
+                state.input.drain(..state.consumed);
+                state.input.extend_from_slice(&compressed);
+            }
+            state.consumed = 0;
         }
-        Ok(out)
+    }
+
+    /// The next uncompressed bytes (at most [`STEP`]), or `None` when the queued input is used up.
+    /// Cancelled mid-way (a timeout around it), it loses the stream: later calls are errors.
+    pub(crate) async fn next(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let mut state = self.state.take().ok_or_else(|| {
+            io::Error::other("a decompression step was interrupted; the stream cannot go on")
+        })?;
+        let (state, out) = tokio::task::spawn_blocking(move || {
+            let mut input = &state.input[state.consumed..];
+            let out = state.decoder.step(&mut input);
+            state.consumed = state.input.len() - input.len();
+            (state, out)
+        })
+        .await
+        .map_err(io::Error::other)?;
+        self.state = Some(state);
+        let out = out?;
+        Ok((!out.is_empty()).then_some(out))
     }
 }
 
@@ -199,17 +290,65 @@ mod tests {
         assert!(!short.skip(all.len() as u64 + 1).unwrap());
     }
 
-    #[test]
-    fn the_stream_decoder_takes_any_split_and_refuses_too_much() {
-        let data = sample(100_000);
-        let packed = compress(&data).unwrap();
-        let mut decoder = StreamDecoder::new(data.len() as u64).unwrap();
+    /// Everything `decoder` makes of `pieces` pushed one after the other; the error, if any.
+    async fn stream(decoder: &mut StreamDecoder, pieces: &[&[u8]]) -> io::Result<Vec<u8>> {
         let mut out = Vec::new();
-        for piece in packed.chunks(333) {
-            out.extend(decoder.feed(piece).unwrap());
+        for piece in pieces {
+            decoder.push(piece.to_vec());
+            while let Some(step) = decoder.next().await? {
+                assert!(step.len() <= STEP);
+                out.extend(step);
+            }
         }
-        assert_eq!(out, data);
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn the_stream_decoder_takes_any_split_and_refuses_too_much() {
+        let data = sample(1_000_000);
+        let packed = compress(&data).unwrap();
+        let pieces: Vec<&[u8]> = packed.chunks(333).collect();
+        let mut decoder = StreamDecoder::new(data.len() as u64).unwrap();
+        assert_eq!(stream(&mut decoder, &pieces).await.unwrap(), data);
         let mut small = StreamDecoder::new(10).unwrap();
-        assert!(packed.chunks(333).any(|piece| small.feed(piece).is_err()));
+        let err = stream(&mut small, &pieces).await.unwrap_err();
+        assert!(err.to_string().contains("more than the 10 bytes"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_bomb_stops_after_one_step_past_the_size() {
+        // 64 MiB of zeros in a few KiB; the blob is said to be 1 MiB.
+        let bomb = compress(&vec![0; 64 << 20]).unwrap();
+        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+        let mut decoder = StreamDecoder::new(1 << 20).unwrap();
+        decoder.push(bomb.clone());
+        let mut produced = 0;
+        let err = loop {
+            match decoder.next().await {
+                Ok(Some(step)) => produced += step.len(),
+                Ok(None) => panic!("the bomb ended"),
+                Err(e) => break e,
+            }
+        };
+        assert!(produced <= 1 << 20, "{produced}");
+        assert!(
+            err.to_string().contains("more than the 1048576 bytes"),
+            "{err}"
+        );
+        assert!(decompress(&bomb, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn frames_asking_for_a_huge_window_are_refused() {
+        let data = sample(100_000);
+        let mut encoder = zstd::stream::raw::Encoder::new(LEVEL).unwrap();
+        encoder
+            .set_parameter(zstd::stream::raw::CParameter::WindowLog(MAX_WINDOW_LOG + 4))
+            .unwrap();
+        let mut wide = zstd::stream::write::Encoder::with_encoder(Vec::new(), encoder);
+        std::io::Write::write_all(&mut wide, &data).unwrap();
+        let wide = wide.finish().unwrap();
+        let err = decompress(&wide, data.len() as u64).unwrap_err();
+        assert!(err.to_string().contains("too much memory"), "{err}");
     }
 }

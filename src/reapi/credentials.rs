@@ -5,26 +5,39 @@
 //! Helpers are given as `[PATTERN=]PATH`; the one whose pattern matches the
 //! server's host most specifically is used (an exact host, then the nearest `*.DOMAIN`, then one
 //! without a pattern), as Bazel chooses. It runs as `PATH get`, reads `{"uri": "grpcs://HOST:PORT"}`
-//! on stdin and prints `{"headers": {"NAME": ["VALUE", ...]}}` (`{}`: no credentials; other fields,
-//! such as `expires`, are ignored). A client runs it once when it connects, and once more when the
-//! server answers UNAUTHENTICATED, after which the refused call is repeated: so a link runs it once
-//! unless its credentials expire or are revoked mid-link. Header values never appear in an error or
-//! in debug output.
+//! on stdin and prints `{"headers": {"NAME": ["VALUE", ...]}, "expires": "RFC 3339 time"}` (`{}`:
+//! no credentials; `expires` is optional; other fields are ignored), at most [`MAX_OUTPUT_BYTES`]
+//! of it. A client runs it once when it connects; again shortly before the headers expire (a
+//! background task, [`renew_before_expiry`]), so calls do not meet a refusal they could have
+//! avoided; and once more when the server answers UNAUTHENTICATED, after which the refused call is
+//! repeated (credentials revoked mid-link). Header values never appear in an error or in debug
+//! output.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::error::ReapiError;
 use super::headers::{Header, header_key, header_value};
 
 /// Most stderr of a failed helper quoted in the error.
 const STDERR_QUOTE_BYTES: usize = 2000;
+
+/// Most bytes a helper may print on stdout (an answer is a few headers: kilobytes) and of its
+/// stderr that are kept: a helper gone wrong must not fill the distributor's memory.
+const MAX_OUTPUT_BYTES: u64 = 1 << 20;
+
+/// How long before `expires` the helper is asked again: a quarter of the headers' lifetime, at
+/// most this much (so that a call starting just before expiry does not carry them past it).
+const MAX_RENEWAL_LEAD: Duration = Duration::from_secs(60);
+
+/// The least time between two renewals, whatever `expires` says.
+const MIN_RENEWAL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One credential helper, `[PATTERN=]PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,16 +111,25 @@ struct Helper {
     timeout: Duration,
 }
 
-/// What a helper prints; everything but `headers` is ignored.
+/// What a helper prints; everything but `headers` and `expires` is ignored.
 #[derive(Deserialize)]
 struct Response {
     #[serde(default)]
     headers: Option<BTreeMap<String, Vec<String>>>,
+    #[serde(default)]
+    expires: Option<String>,
+}
+
+/// A helper's answer: the headers, and until when they are good if it said.
+#[derive(Debug)]
+struct Answer {
+    headers: Vec<Header>,
+    expires: Option<SystemTime>,
 }
 
 impl Helper {
-    /// Runs the helper once and returns its headers.
-    async fn get(&self) -> Result<Vec<Header>, ReapiError> {
+    /// Runs the helper once and returns its answer.
+    async fn get(&self) -> Result<Answer, ReapiError> {
         let fail = |what: String| ReapiError::CredentialHelper {
             helper: self.path.display().to_string(),
             what,
@@ -125,17 +147,43 @@ impl Helper {
         let mut group = KillGroupOnDrop(child.id().and_then(|id| libc::pid_t::try_from(id).ok()));
         let request = serde_json::json!({ "uri": self.uri }).to_string();
         let mut stdin = child.stdin.take();
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let talk = async move {
-            if let Some(stdin) = stdin.as_mut() {
-                // A helper that does not read its input may exit first: not an error by itself.
-                let _ = stdin.write_all(request.as_bytes()).await;
-            }
-            drop(stdin);
-            child.wait_with_output().await
+            let write = async {
+                if let Some(stdin) = stdin.as_mut() {
+                    // A helper that does not read its input may exit first: not an error by itself.
+                    let _ = stdin.write_all(request.as_bytes()).await;
+                }
+                drop(stdin);
+                Ok::<(), Failure>(())
+            };
+            let stdout = async {
+                match read_bounded(stdout, MAX_OUTPUT_BYTES, false).await {
+                    Ok((_, true)) => Err(Failure::TooMuch),
+                    Ok((kept, false)) => Ok(kept),
+                    Err(e) => Err(Failure::Io(e)),
+                }
+            };
+            let stderr = async {
+                read_bounded(stderr, MAX_OUTPUT_BYTES, true)
+                    .await
+                    .map(|(kept, _)| kept)
+                    .map_err(Failure::Io)
+            };
+            let ((), stdout, stderr) = tokio::try_join!(write, stdout, stderr)?;
+            let status = child.wait().await.map_err(Failure::Io)?;
+            Ok::<_, Failure>((status, stdout, stderr))
         };
-        let output = match tokio::time::timeout(self.timeout, talk).await {
+        let (status, stdout, stderr) = match tokio::time::timeout(self.timeout, talk).await {
             Ok(Ok(output)) => output,
-            Ok(Err(e)) => return Err(fail(format!("cannot be run: {e}"))),
+            // Killed with its process group when `group` is dropped.
+            Ok(Err(Failure::TooMuch)) => {
+                return Err(fail(format!(
+                    "printed more than {} KiB on stdout (the most an answer may take) and was killed",
+                    MAX_OUTPUT_BYTES >> 10
+                )));
+            }
+            Ok(Err(Failure::Io(e))) => return Err(fail(format!("cannot be run: {e}"))),
             Err(_) => {
                 return Err(ReapiError::CredentialHelperTimeout {
                     helper: self.path.display().to_string(),
@@ -145,15 +193,42 @@ impl Helper {
         };
         // It finished: whatever it left running (an agent, say) is its business.
         group.0 = None;
-        if !output.status.success() {
+        if !status.success() {
             return Err(fail(format!(
-                "failed ({}): {}",
-                output.status,
-                quote_stderr(&output.stderr)
+                "failed ({status}): {}",
+                quote_stderr(&stderr)
             )));
         }
-        parse_response(&output.stdout).map_err(fail)
+        parse_response(&stdout).map_err(fail)
     }
+}
+
+/// Why talking to a helper failed.
+enum Failure {
+    Io(std::io::Error),
+    /// It printed more than [`MAX_OUTPUT_BYTES`] on stdout.
+    TooMuch,
+}
+
+/// Reads `pipe`, keeping at most `max` bytes; the flag says whether there was more. With `drain`,
+/// the rest is read and dropped (a helper blocked on a full pipe would never exit); without, reading
+/// stops as soon as there is more.
+async fn read_bounded(
+    pipe: Option<impl AsyncRead + Unpin>,
+    max: u64,
+    drain: bool,
+) -> std::io::Result<(Vec<u8>, bool)> {
+    let Some(mut pipe) = pipe else {
+        return Ok((Vec::new(), false));
+    };
+    let mut kept = Vec::new();
+    (&mut pipe).take(max + 1).read_to_end(&mut kept).await?;
+    let more = kept.len() as u64 > max;
+    kept.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    if more && drain {
+        tokio::io::copy(&mut pipe, &mut tokio::io::sink()).await?;
+    }
+    Ok((kept, more))
 }
 
 /// Kills a helper's process group unless disarmed: a helper that hangs, or whose link is
@@ -186,7 +261,7 @@ fn quote_stderr(stderr: &[u8]) -> String {
 }
 
 /// Reads a helper's answer. The message never quotes the output: it holds secrets.
-fn parse_response(stdout: &[u8]) -> Result<Vec<Header>, String> {
+fn parse_response(stdout: &[u8]) -> Result<Answer, String> {
     let response: Response = serde_json::from_slice(stdout).map_err(|e| {
         let what = match e.classify() {
             serde_json::error::Category::Data => "JSON of the wrong shape",
@@ -208,38 +283,65 @@ fn parse_response(stdout: &[u8]) -> Result<Vec<Header>, String> {
             headers.push((key.clone(), header_value(&name, &value)?));
         }
     }
-    Ok(headers)
+    let expires = match response.expires {
+        None => None,
+        Some(time) => Some(
+            time::OffsetDateTime::parse(&time, &time::format_description::well_known::Rfc3339)
+                .map_err(|e| format!("printed an `expires` that is not an RFC 3339 time ({e})"))?
+                .into(),
+        ),
+    };
+    Ok(Answer { headers, expires })
 }
 
 /// The helper's headers of the moment, and which fetch they came from.
 struct State {
     generation: u64,
     headers: Arc<Vec<Header>>,
+    /// When the helper said they expire.
+    expires: Option<SystemTime>,
     /// Fetched because the server refused the previous ones.
     after_rejection: bool,
     /// A call carrying them ended without being refused.
     accepted: bool,
 }
 
-/// The headers a credential helper supplies to one client, refreshed when the server refuses them.
+/// The headers a credential helper supplies to one client, renewed before they expire and when the
+/// server refuses them.
 pub(crate) struct Credentials {
+    shared: Arc<Shared>,
+    /// The task that renews the headers before they expire; it ends with the client.
+    renewal: Option<tokio::task::AbortHandle>,
+}
+
+/// What the client's calls and the renewal task share.
+struct Shared {
     helper: Option<Helper>,
     state: RwLock<State>,
     /// Held while the helper runs, so that concurrent refused calls run it once.
     refreshing: tokio::sync::Mutex<()>,
 }
 
+impl Drop for Credentials {
+    fn drop(&mut self) {
+        if let Some(renewal) = &self.renewal {
+            renewal.abort();
+        }
+    }
+}
+
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Credentials")
-            .field("helper", &self.helper)
+            .field("helper", &self.shared.helper)
             .field("headers", &self.header_names())
             .finish()
     }
 }
 
 impl Credentials {
-    /// Chooses the helper for the server at `uri` (with `host`) among `helpers` and runs it.
+    /// Chooses the helper for the server at `uri` (with `host`) among `helpers` and runs it; with
+    /// a helper, starts renewing its headers before they expire (on the current tokio runtime).
     pub(crate) async fn obtain(
         helpers: &[HelperArg],
         uri: &str,
@@ -251,35 +353,49 @@ impl Credentials {
             uri: uri.to_string(),
             timeout,
         });
-        let headers = match &helper {
-            Some(helper) => helper.get().await?,
-            None => Vec::new(),
+        let Some(helper) = helper else {
+            return Ok(Credentials::fixed(Vec::new()));
         };
-        Ok(Credentials::new(helper, headers))
-    }
-
-    fn new(helper: Option<Helper>, headers: Vec<Header>) -> Credentials {
-        Credentials {
-            helper,
+        let answer = helper.get().await?;
+        let shared = Arc::new(Shared {
+            helper: Some(helper),
             state: RwLock::new(State {
                 generation: 0,
-                headers: Arc::new(headers),
+                headers: Arc::new(answer.headers),
+                expires: answer.expires,
                 after_rejection: false,
                 accepted: false,
             }),
             refreshing: tokio::sync::Mutex::new(()),
-        }
+        });
+        let renewal = tokio::spawn(renew_before_expiry(Arc::downgrade(&shared)));
+        Ok(Credentials {
+            shared,
+            renewal: Some(renewal.abort_handle()),
+        })
     }
 
     /// Fixed headers, as if from a helper that cannot be asked again.
-    #[cfg(test)]
     pub(crate) fn fixed(headers: Vec<Header>) -> Credentials {
-        Credentials::new(None, headers)
+        Credentials {
+            shared: Arc::new(Shared {
+                helper: None,
+                state: RwLock::new(State {
+                    generation: 0,
+                    headers: Arc::new(headers),
+                    expires: None,
+                    after_rejection: false,
+                    accepted: false,
+                }),
+                refreshing: tokio::sync::Mutex::new(()),
+            }),
+            renewal: None,
+        }
     }
 
     /// The helper in use, if any.
     pub(crate) fn helper_path(&self) -> Option<&Path> {
-        self.helper.as_ref().map(|h| h.path.as_path())
+        self.shared.helper.as_ref().map(|h| h.path.as_path())
     }
 
     /// The names of the headers the helper supplied (never their values).
@@ -295,7 +411,7 @@ impl Credentials {
 
     /// The current headers.
     pub(crate) fn headers(&self) -> Arc<Vec<Header>> {
-        match self.state.read() {
+        match self.shared.state.read() {
             Ok(state) => state.headers.clone(),
             Err(poisoned) => poisoned.into_inner().headers.clone(),
         }
@@ -303,19 +419,19 @@ impl Credentials {
 
     /// Which fetch the current headers came from.
     pub(crate) fn generation(&self) -> u64 {
-        self.state.read().map_or(0, |s| s.generation)
+        self.shared.state.read().map_or(0, |s| s.generation)
     }
 
     /// Records that a call sent with the headers of `generation` was not refused.
     pub(crate) fn accepted(&self, generation: u64) {
         // Every call ends here: take the write lock only the first time.
-        let news = self.helper.is_some()
-            && self
-                .state
+        let state = &self.shared.state;
+        let news = self.shared.helper.is_some()
+            && state
                 .read()
                 .is_ok_and(|s| s.generation == generation && !s.accepted);
         if news
-            && let Ok(mut state) = self.state.write()
+            && let Ok(mut state) = state.write()
             && state.generation == generation
         {
             state.accepted = true;
@@ -327,10 +443,11 @@ impl Credentials {
     /// helper, the helper failed, or its last answer was itself fetched after a refusal and no call
     /// has vouched for it yet (so a helper whose answers are always refused is not run in a loop).
     pub(crate) async fn refresh_after_rejection(&self, seen: u64) -> Option<u64> {
-        let helper = self.helper.as_ref()?;
-        let _running = self.refreshing.lock().await;
+        let shared = &self.shared;
+        let helper = shared.helper.as_ref()?;
+        let _running = shared.refreshing.lock().await;
         {
-            let state = self.state.read().ok()?;
+            let state = shared.state.read().ok()?;
             if state.generation != seen {
                 return Some(state.generation);
             }
@@ -338,15 +455,76 @@ impl Credentials {
                 return None;
             }
         }
-        let headers = helper.get().await.ok()?;
-        let mut state = self.state.write().ok()?;
+        let answer = helper.get().await.ok()?;
+        Some(shared.replace(answer, true))
+    }
+}
+
+impl Shared {
+    /// Makes `answer` the current headers; returns their generation.
+    fn replace(&self, answer: Answer, after_rejection: bool) -> u64 {
+        let mut state = match self.state.write() {
+            Ok(state) => state,
+            Err(poisoned) => poisoned.into_inner(),
+        };
         *state = State {
             generation: state.generation + 1,
-            headers: Arc::new(headers),
-            after_rejection: true,
+            headers: Arc::new(answer.headers),
+            expires: answer.expires,
+            after_rejection,
             accepted: false,
         };
-        Some(state.generation)
+        state.generation
+    }
+
+    /// When to ask the helper again for headers that expire at `expires`, fetched at `now`: a
+    /// quarter of their remaining lifetime (at most [`MAX_RENEWAL_LEAD`]) before they expire, and
+    /// not sooner than [`MIN_RENEWAL_INTERVAL`] from now.
+    fn renewal_delay(expires: SystemTime, now: SystemTime) -> Duration {
+        let lifetime = expires.duration_since(now).unwrap_or_default();
+        let lead = (lifetime / 4).min(MAX_RENEWAL_LEAD);
+        lifetime.saturating_sub(lead).max(MIN_RENEWAL_INTERVAL)
+    }
+}
+
+/// Runs the helper again shortly before the current headers expire, for as long as the client
+/// lives. Renewal stops for good when an answer has no `expires` or one already past, or when the
+/// helper fails then (not fatal: the headers may still be good, and a refusal runs it again).
+async fn renew_before_expiry(shared: std::sync::Weak<Shared>) {
+    loop {
+        let Some(expires) = shared
+            .upgrade()
+            .and_then(|s| s.state.read().ok().and_then(|state| state.expires))
+        else {
+            return;
+        };
+        if expires <= SystemTime::now() {
+            // Expired when it came (or a skewed clock): asking again soon would loop.
+            return;
+        }
+        tokio::time::sleep(Shared::renewal_delay(expires, SystemTime::now())).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let Some(helper) = &shared.helper else {
+            return;
+        };
+        let _running = shared.refreshing.lock().await;
+        // A refusal may have renewed them meanwhile.
+        let current = shared.state.read().ok().and_then(|state| state.expires);
+        if current != Some(expires) {
+            continue;
+        }
+        match helper.get().await {
+            Ok(answer) => {
+                tracing::debug!(helper = %helper.path.display(), "renewed credentials before they expired");
+                shared.replace(answer, false);
+            }
+            Err(e) => {
+                tracing::warn!("cannot renew credentials before they expire: {e}");
+                return;
+            }
+        }
     }
 }
 
@@ -399,12 +577,37 @@ mod tests {
     }
 
     #[test]
+    fn expires_is_read_and_renewal_comes_before_it() {
+        let answer =
+            parse_response(br#"{"headers": {"x": ["s3cret"]}, "expires": "2030-01-01T00:00:00Z"}"#)
+                .unwrap();
+        assert_eq!(
+            answer.expires,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000))
+        );
+        assert_eq!(parse_response(b"{}").unwrap().expires, None);
+        let err =
+            parse_response(br#"{"headers": {"x": ["s3cret"]}, "expires": "soon"}"#).unwrap_err();
+        assert!(
+            err.contains("not an RFC 3339 time") && !err.contains("s3c"),
+            "{err}"
+        );
+
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let delay = |secs| Shared::renewal_delay(now + Duration::from_secs(secs), now);
+        assert_eq!(delay(3600), Duration::from_secs(3540)); // a minute ahead
+        assert_eq!(delay(8), Duration::from_secs(6)); // a quarter of the lifetime ahead
+        assert_eq!(delay(0), MIN_RENEWAL_INTERVAL);
+    }
+
+    #[test]
     fn responses_are_read_without_quoting_secrets() {
         let headers = parse_response(
             br#"{"headers": {"Authorization": ["Bearer s3cret"], "x-b": ["1", "2"]},
                  "expires": "2030-01-01T00:00:00Z", "future": 1}"#,
         )
-        .unwrap();
+        .unwrap()
+        .headers;
         let shown: Vec<(&str, &str)> = headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
@@ -417,7 +620,7 @@ mod tests {
                 ("x-b", "2")
             ]
         );
-        assert!(parse_response(b"{}").unwrap().is_empty());
+        assert!(parse_response(b"{}").unwrap().headers.is_empty());
         for bad in [
             &br#"{"headers": "s3cret"}"#[..],
             br#"{"headers": {"x": "s3cret"}}"#,
@@ -432,19 +635,25 @@ mod tests {
         assert!(parse_response(b"").unwrap_err().contains("printed nothing"));
     }
 
-    /// A helper that answers `x-run: N` on its Nth run.
-    fn counting_helper(dir: &Path) -> HelperArg {
+    /// A helper that answers `x-run: N` on its Nth run (and `expires` as `$expires` has it).
+    fn counting_helper(dir: &Path, expires: &str) -> HelperArg {
+        helper(
+            dir,
+            &format!(
+                r#"echo run >> '{0}/runs'
+n=$(wc -l < '{0}/runs')
+{expires}
+echo "{{\"headers\": {{\"x-run\": [\"$n\"]}}$expires}}""#,
+                dir.display()
+            ),
+        )
+    }
+
+    /// A helper script of `body`.
+    fn helper(dir: &Path, body: &str) -> HelperArg {
         use std::os::unix::fs::PermissionsExt as _;
         let path = dir.join("helper");
-        let script = format!(
-            r#"#!/bin/sh
-echo run >> '{0}/runs'
-n=$(wc -l < '{0}/runs')
-echo "{{\"headers\": {{\"x-run\": [\"$n\"]}}}}"
-"#,
-            dir.display()
-        );
-        std::fs::write(&path, script).unwrap();
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         parse_helper_arg(&path.display().to_string()).unwrap()
     }
@@ -456,7 +665,7 @@ echo "{{\"headers\": {{\"x-run\": [\"$n\"]}}}}"
     #[tokio::test]
     async fn refusals_run_the_helper_again_once_per_fetch() {
         let dir = tempfile::tempdir().unwrap();
-        let helpers = [counting_helper(dir.path())];
+        let helpers = [counting_helper(dir.path(), "expires=")];
         let timeout = Duration::from_secs(10);
         let credentials = Credentials::obtain(&helpers, "grpc://h:1", Some("h"), timeout)
             .await
@@ -483,6 +692,47 @@ echo "{{\"headers\": {{\"x-run\": [\"$n\"]}}}}"
             .unwrap();
         assert!(none.headers().is_empty());
         assert_eq!(none.refresh_after_rejection(0).await, None);
+    }
+
+    #[tokio::test]
+    async fn headers_are_renewed_before_they_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        // Every answer is good for 2 s.
+        let expires = r#"expires=", \"expires\": \"$(date -u -d "@$(( $(date +%s) + 2 ))" +%Y-%m-%dT%H:%M:%SZ)\"""#;
+        let helpers = [counting_helper(dir.path(), expires)];
+        let credentials =
+            Credentials::obtain(&helpers, "grpc://h:1", Some("h"), Duration::from_secs(10))
+                .await
+                .unwrap();
+        assert_eq!(run_header(&credentials), "1");
+        assert!(credentials.shared.state.read().unwrap().expires.is_some());
+        // Renewed without any refusal, twice.
+        let waited = std::time::Instant::now();
+        while credentials.generation() < 2 {
+            assert!(waited.elapsed() < Duration::from_secs(60), "not renewed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(run_header(&credentials), "3");
+        assert!(!credentials.shared.state.read().unwrap().after_rejection);
+    }
+
+    #[tokio::test]
+    async fn a_helper_printing_too_much_is_killed_and_its_chatter_on_stderr_is_fine() {
+        let dir = tempfile::tempdir().unwrap();
+        let obtain = |helper: HelperArg| async move {
+            Credentials::obtain(&[helper], "grpc://h:1", Some("h"), Duration::from_secs(30)).await
+        };
+        let endless = helper(dir.path(), "yes '{\"headers\": {}}'");
+        let err = obtain(endless).await.unwrap_err().to_string();
+        assert!(
+            err.contains("printed more than 1024 KiB on stdout") && err.contains("killed"),
+            "{err}"
+        );
+        let chatty = helper(
+            dir.path(),
+            "head -c 3000000 /dev/zero | tr '\\0' x >&2\necho '{\"headers\": {\"x-a\": [\"1\"]}}'",
+        );
+        assert_eq!(obtain(chatty).await.unwrap().header_names(), ["x-a"]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use tokio::io::AsyncWriteExt as _;
 use tonic::Status;
 
-use super::cas::Sink;
+use super::cas::{Sink, blocking};
 use super::client::{Client, Inner};
 use super::compression::{self, IDENTITY, ZSTD};
 use super::digest::{self, Digest};
@@ -156,7 +156,8 @@ impl Inner {
         self.counters.received(data.len() as u64);
         Ok(match compressor {
             IDENTITY => Ok(data),
-            ZSTD if zstd => compression::decompress(&data, size)
+            ZSTD if zstd => blocking(move || compression::decompress(&data, size))
+                .await
                 .map_err(|e| format!("cannot decompress the zstd data: {e}")),
             other => Err(format!("compressor {other}, which was not asked for")),
         })

@@ -19,8 +19,19 @@ pub fn parse_header_arg(arg: &str) -> Result<(String, String), String> {
             Ok((name.trim().to_string(), value.to_string()))
         }
         // Never shown: without an `=` the whole argument may be a secret pasted alone.
-        _ => Err("is not of the form NAME=VALUE (or NAME=env:VAR); not shown, as it may be a                   secret"
-            .to_string()),
+        _ => Err(
+            "is not of the form NAME=VALUE (or NAME=env:VAR); not shown, as it may be a secret"
+                .to_string(),
+        ),
+    }
+}
+
+/// Checks a header name's form; the error says what is wrong with it.
+pub fn check_header_name(name: &str) -> Result<(), String> {
+    match header_key(name) {
+        Ok(_) => Ok(()),
+        Err(ReapiError::Config(why)) => Err(why),
+        Err(e) => Err(e.to_string()),
     }
 }
 

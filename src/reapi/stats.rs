@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What the client moved and how often it had to retry, since it connected. `bytes_*` count blob
 /// contents (logical bytes, what the digests name); `wire_bytes_*` what crossed the network for
 /// them (fewer when compressed; more when an interrupted transfer was resumed or read again).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TransferStats {
     pub bytes_uploaded: u64,
     pub wire_bytes_uploaded: u64,

@@ -173,6 +173,9 @@ impl ByteStream for ByteStreamService {
         self.context.misbehave("ByteStream.Read").await?;
         let request = request.into_inner();
         let (digest, compressed) = self.resource(&request.resource_name, false)?;
+        if let Some(bomb) = self.context.hostile.bomb_read().filter(|_| compressed) {
+            return Ok(Response::new(bomb));
+        }
         let digest = &digest;
         let outside = || {
             Status::out_of_range(format!(

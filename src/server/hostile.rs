@@ -1,8 +1,9 @@
 //! Test knobs for a *hostile* server, as opposed to a flaky one (`faults`): one that answers some
-//! RPC very slowly, streams reads that stall or drip a byte a second, or claims outputs and
-//! compiler output far larger than anything a client should load. They exist so that the client's
-//! bounds (no-progress timeouts, size limits, truncated compiler output) can be tested over real
-//! gRPC. All are off by default.
+//! RPC very slowly, streams reads that stall or drip a byte a second, claims outputs and
+//! compiler output far larger than anything a client should load, or answers compressed reads with
+//! a zstd bomb. They exist so that the client's bounds (no-progress timeouts, size limits,
+//! truncated compiler output, bounded decompression) can be tested over real gRPC. All are off by
+//! default.
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, Digest};
 use bazel_remote_apis::google::bytestream::ReadResponse;
+use bazel_remote_apis::google::protobuf::Timestamp;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use tonic::Status;
 
@@ -25,6 +27,9 @@ const DRIP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Chunk size of an invented blob's read.
 const INVENTED_CHUNK: u64 = 64 * 1024;
+
+/// What the zstd bomb of `--fault-zstd-bomb` decompresses to: 4 GiB (of zeros).
+const BOMB_SIZE: u64 = 4 << 30;
 
 /// One `--fault-slow RPC=MS` rule.
 #[derive(Debug, Clone)]
@@ -93,6 +98,10 @@ pub struct Hostile {
     bad_reads: AtomicU32,
     output_size: Option<u64>,
     stderr_size: Option<u64>,
+    /// Compressed reads get [`zstd_bomb`] instead of the blob.
+    zstd_bomb: bool,
+    /// `--fault-absurd-timestamps`: executed actions' metadata reports absurd timestamps.
+    absurd_timestamps: bool,
 }
 
 impl Hostile {
@@ -108,7 +117,38 @@ impl Hostile {
             bad_reads: AtomicU32::new(reads.map_or(0, |r| r.count)),
             output_size,
             stderr_size,
+            zstd_bomb: false,
+            absurd_timestamps: false,
         }
+    }
+
+    /// Answers every compressed ByteStream read with a zstd bomb (`--fault-zstd-bomb`).
+    pub fn with_zstd_bomb(self, zstd_bomb: bool) -> Hostile {
+        Hostile { zstd_bomb, ..self }
+    }
+
+    /// Executed actions' metadata reports absurd timestamps (`--fault-absurd-timestamps`).
+    pub fn with_absurd_timestamps(self, absurd_timestamps: bool) -> Hostile {
+        Hostile {
+            absurd_timestamps,
+            ..self
+        }
+    }
+
+    /// The responses of a compressed read when `--fault-zstd-bomb` is on: a frame of 128 KiB
+    /// that decompresses to 4 GiB, whatever blob was asked for.
+    pub fn bomb_read(&self) -> Option<BoxStream<'static, Result<ReadResponse, Status>>> {
+        self.zstd_bomb.then(|| {
+            let chunks: Vec<_> = zstd_bomb(BOMB_SIZE)
+                .chunks(INVENTED_CHUNK as usize)
+                .map(|chunk| {
+                    Ok(ReadResponse {
+                        data: chunk.to_vec(),
+                    })
+                })
+                .collect();
+            stream::iter(chunks).boxed()
+        })
     }
 
     /// Delays `rpc` if a `--fault-slow` rule names it.
@@ -120,8 +160,24 @@ impl Hostile {
 
     /// Rewrites an executed action's result the way the knobs say: every output file claims
     /// `--fault-output-size` bytes, and stderr becomes an invented blob of `--fault-stderr-size`
-    /// bytes (served only by ByteStream reads, never stored).
+    /// bytes (served only by ByteStream reads, never stored), and the metadata's timestamps are
+    /// `--fault-absurd-timestamps`.
     pub fn lie_about(&self, result: &mut ActionResult) {
+        if self.absurd_timestamps
+            && let Some(meta) = &mut result.execution_metadata
+        {
+            let at = |seconds, nanos| Some(Timestamp { seconds, nanos });
+            // Each fits in microseconds since the epoch; their differences do not.
+            let (past, future) = (at(-9_223_372_036, 0), at(9_223_372_036_854, 0));
+            meta.queued_timestamp = past;
+            meta.worker_start_timestamp = past;
+            meta.worker_completed_timestamp = future;
+            meta.execution_start_timestamp = past;
+            meta.execution_completed_timestamp = future;
+            // These fit nothing.
+            meta.input_fetch_start_timestamp = at(i64::MIN, -1);
+            meta.input_fetch_completed_timestamp = at(i64::MAX, i32::MAX);
+        }
         if let Some(size) = self.output_size {
             for file in &mut result.output_files {
                 if let Some(digest) = &mut file.digest {
@@ -199,6 +255,25 @@ impl Hostile {
     }
 }
 
+/// A zstd frame that decompresses to `size` zero bytes (rounded up to 128 KiB) in 4 bytes per
+/// 128 KiB: RLE blocks, each a 3-byte header saying "repeat the next byte 128 Ki times" (RFC 8878,
+/// 3.1.1.2). Made by hand because zstd itself would have to read all `size` bytes to make it.
+fn zstd_bomb(size: u64) -> Vec<u8> {
+    const BLOCK: u32 = 128 << 10;
+    let blocks = size.div_ceil(u64::from(BLOCK)).max(1);
+    let mut frame = Vec::with_capacity(6 + 4 * blocks as usize);
+    frame.extend_from_slice(&0xFD2F_B528u32.to_le_bytes());
+    // Frame header: no content size, no checksum, no dictionary; a 128 KiB window (2^(10+7)).
+    frame.extend_from_slice(&[0x00, 7 << 3]);
+    for i in 0..blocks {
+        let last = u32::from(i + 1 == blocks);
+        let header = (BLOCK << 3) | (1 << 1) | last;
+        frame.extend_from_slice(&header.to_le_bytes()[..3]);
+        frame.push(0);
+    }
+    frame
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +294,23 @@ mod tests {
         assert_eq!((faults.how, faults.count), (ReadFault::Drip, u32::MAX));
         assert!("slow".parse::<ReadFaults>().is_err());
         assert!("stall:x".parse::<ReadFaults>().is_err());
+    }
+
+    #[test]
+    fn the_bomb_is_small_and_decompresses_to_its_size() {
+        use std::io::Read as _;
+        let bomb = zstd_bomb(BOMB_SIZE);
+        assert_eq!(bomb.len(), 6 + 4 * (BOMB_SIZE as usize >> 17));
+        let small = zstd_bomb(1 << 20);
+        let mut out = Vec::new();
+        zstd::stream::read::Decoder::new(&small[..])
+            .unwrap()
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, vec![0; 1 << 20]);
+        let hostile = Hostile::new(&[], None, None, None);
+        assert!(hostile.bomb_read().is_none());
+        assert!(hostile.with_zstd_bomb(true).bomb_read().is_some());
     }
 
     #[tokio::test]

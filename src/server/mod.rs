@@ -207,6 +207,16 @@ pub struct ServeArgs {
     )]
     pub fault_stderr_size: Option<u64>,
 
+    /// Test knob: every executed action's metadata reports absurd timestamps (centuries apart,
+    /// near the ends of what fits), so that clients' time arithmetic can be tested.
+    #[arg(long, help_heading = "Test knobs (fault injection)")]
+    pub fault_absurd_timestamps: bool,
+
+    /// Test knob: answer every compressed ByteStream read with a zstd bomb (a 128 KiB frame that
+    /// decompresses to 4 GiB), whatever blob was asked for.
+    #[arg(long, help_heading = "Test knobs (fault injection)")]
+    pub fault_zstd_bomb: bool,
+
     /// Test knob: each credential value (of the --require-header headers) is accepted for N
     /// calls, then answered UNAUTHENTICATED as expired, so that clients must fetch new ones.
     #[arg(long, value_name = "N", help_heading = "Test knobs (fault injection)")]
@@ -332,7 +342,9 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
             args.fault_reads,
             args.fault_output_size,
             args.fault_stderr_size,
-        ),
+        )
+        .with_zstd_bomb(args.fault_zstd_bomb)
+        .with_absurd_timestamps(args.fault_absurd_timestamps),
         max_batch_bytes: args.max_batch_bytes,
         api_minor_version: args.api_minor_version,
         exec_enabled: !args.no_execution,
