@@ -74,6 +74,9 @@ pub struct ExplainArgs {
 
 #[derive(Debug, Args)]
 pub struct LinkArgs {
+    /// Say what was added to the command, or why nothing was (also DTLTO_REAPI_VERBOSE=1)
+    #[arg(long)]
+    pub verbose: bool,
     /// The linker driver: clang, clang++, cc, clang-cl, ld.lld, lld-link, ... (a name on PATH or a path)
     pub driver: OsString,
     /// The driver's arguments, passed through untouched

@@ -24,6 +24,7 @@ pub mod logging;
 pub(crate) mod plan;
 pub mod reapi;
 pub(crate) mod report;
+pub(crate) mod response_files;
 pub mod server;
 pub mod settings;
 pub(crate) mod staging;

@@ -11,7 +11,11 @@ fn main() -> ExitCode {
     let mut argv = std::env::args_os();
     if let Some(driver) = argv.next().as_deref().and_then(wrapper::wrapped_driver) {
         let args: Vec<_> = argv.collect();
-        return report(Err(wrapper::exec(&driver, &args)));
+        return report(Err(wrapper::exec(
+            &driver,
+            &args,
+            wrapper::verbose_from_env(),
+        )));
     }
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
@@ -24,7 +28,10 @@ fn main() -> ExitCode {
             report(server::run(args))
         }
         Some(Command::ReapLocalCompiles) => executor::reaper::run(),
-        Some(Command::Link(args)) => report(Err(wrapper::exec(&args.driver, &args.args))),
+        Some(Command::Link(args)) => {
+            let verbose = args.verbose || wrapper::verbose_from_env();
+            report(Err(wrapper::exec(&args.driver, &args.args, verbose)))
+        }
         Some(Command::Explain(args)) => {
             report(explain::run(&args.old, &args.new).map(|text| print!("{text}")))
         }

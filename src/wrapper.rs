@@ -3,18 +3,23 @@
 //! link line.
 //!
 //! The driver's own arguments pass through untouched; the options that make lld hand its ThinLTO
-//! backend compiles to this binary are appended, in the form the driver takes them:
+//! backend compiles to this binary are appended, in the form the driver takes them. A compiler
+//! driver is identified by what it says it is (`-v`: clang or gcc), not by its name — `cc` is
+//! either — and `@file` response files are expanded ([`crate::response_files`]) to decide:
 //!
 //! | driver | added |
 //! | --- | --- |
 //! | clang (ELF target) with `-flto…` and lld | `-fthinlto-distributor=<self>` |
+//! | gcc with `-fuse-ld=lld` | `-Xlinker --thinlto-distributor=<self> -Xlinker --thinlto-remote-compiler=<clang on PATH>` |
 //! | clang (ELF target) without `-flto`, with lld (e.g. rustc's links of `-Clinker-plugin-lto` bitcode) | `-Xlinker --thinlto-distributor=<self> -Xlinker --thinlto-remote-compiler=<clang>` |
 //! | clang with an MSVC target and lld, clang-cl | `/thinlto-distributor:<self>` and `/thinlto-remote-compiler:<clang>` through `-Xlinker` (`/link` for clang-cl): such a clang silently drops `-fthinlto-distributor=` |
 //! | `ld.lld`, `lld -flavor gnu` | `--thinlto-distributor=<self> --thinlto-remote-compiler=<clang on PATH>` |
 //! | `lld-link`, `lld -flavor link` | `/thinlto-distributor:<self> /thinlto-remote-compiler:<clang on PATH>` |
 //!
 //! Nothing is added to a compile (`-c`, `-S`, `-E`, …), to a link through another linker than lld,
-//! or when the user already names a distributor; a remote compiler the user names is kept. A clang
+//! by a driver that is neither clang nor gcc, or when the user already names a distributor (why,
+//! one note under `DTLTO_REAPI_VERBOSE` or `link --verbose`); a remote compiler the user names is
+//! kept. A clang
 //! reached through a script that runs a multi-call binary (the ziglang package's
 //! `exec zig clang …`) passes that binary as the backend compiler, which does not take clang's
 //! arguments: the binary is then named explicitly, with `clang` prepended to every backend command.
@@ -50,10 +55,11 @@ pub fn wrapped_driver(argv0: &OsStr) -> Option<OsString> {
         .then(|| OsStr::from_bytes(driver).to_owned())
 }
 
-/// Runs `driver args…` with the DTLTO options added, in place of this process. Returns only when
-/// the driver cannot be found or started.
-pub fn exec(driver: &OsStr, args: &[OsString]) -> anyhow::Error {
-    match prepare(driver, args) {
+/// Runs `driver args…` with the DTLTO options added, in place of this process; with `verbose`, one
+/// note says what was added or why nothing was. Returns only when the driver cannot be found or
+/// started.
+pub fn exec(driver: &OsStr, args: &[OsString], verbose: bool) -> anyhow::Error {
+    match prepare(driver, args, verbose) {
         Ok(mut cmd) => {
             let program = cmd.get_program().to_owned();
             anyhow!(cmd.exec()).context(format!("cannot run {}", program.display()))
@@ -62,42 +68,75 @@ pub fn exec(driver: &OsStr, args: &[OsString]) -> anyhow::Error {
     }
 }
 
+/// Whether `DTLTO_REAPI_VERBOSE` asks for the wrapper's note (true/false/1/0/yes/no, as for the
+/// distributor's own `--verbose`).
+pub fn verbose_from_env() -> bool {
+    use clap::builder::TypedValueParser as _;
+    std::env::var_os("DTLTO_REAPI_VERBOSE").is_some_and(|value| {
+        clap::builder::BoolishValueParser::new()
+            .parse_ref(&clap::Command::new("dtlto-reapi"), None, &value)
+            .unwrap_or(false)
+    })
+}
+
 /// The driver's command: the driver found on PATH (never this binary), the user's arguments, then
 /// the DTLTO options.
-fn prepare(driver: &OsStr, args: &[OsString]) -> Result<Command> {
+fn prepare(driver: &OsStr, args: &[OsString], verbose: bool) -> Result<Command> {
     let this = std::env::current_exe().context("cannot find this executable's path")?;
     let path = resolve_driver(driver, &this)?;
     let name = Path::new(driver)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let kind = DriverKind::of(&name, args);
-    let added = dtlto_options(kind, args, &this, || backend_compiler(kind, &path, &this))?;
+    // Decided on the arguments the driver will see, response files expanded; passed on as given.
+    let seen = crate::response_files::expand(args);
+    let kind = match DriverKind::of(&name, &seen) {
+        // Asking costs a process: only for a command that could get something.
+        DriverKind::Compiler { cl } if compiler_passes_through(cl, &seen).is_none() => {
+            identify(&path, cl)
+        }
+        kind => kind,
+    };
+    let added = dtlto_options(&kind, &seen, &this, || {
+        backend_compiler(&kind, &path, &this)
+    })?;
+    if verbose {
+        eprintln!("dtlto-reapi link: note: {}", added.describe(&path));
+    }
     let mut cmd = Command::new(&path);
-    cmd.args(args).args(added).env(IN_LINK_ENV, "1");
+    cmd.args(args).env(IN_LINK_ENV, "1");
+    if let Added::Options(options) = added {
+        cmd.args(options);
+    }
     Ok(cmd)
 }
 
 /// How a driver takes its linker options.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum DriverKind {
-    /// A GCC-style compiler driver (clang, clang++, cc, …).
+    /// A compiler driver not asked yet what it is (`cl`: in MSVC mode, by its name or
+    /// `--driver-mode=cl`).
+    Compiler { cl: bool },
+    /// clang (clang, clang++, a `cc` that is clang, …).
     Clang,
     /// clang in MSVC mode (`clang-cl`).
     ClangCl,
+    /// gcc: passes lld's options on with `-Xlinker`, but its own executable cannot compile the
+    /// backend jobs.
+    Gcc,
     /// lld's ELF driver (`ld.lld`, `lld -flavor gnu`).
     Elf,
     /// lld's COFF driver (`lld-link`, `lld -flavor link`).
     Coff,
-    /// A linker this wrapper does not know (another lld flavor, `ld.bfd`, …): nothing is added.
-    Other,
+    /// A driver this wrapper cannot serve (another lld flavor, `ld.bfd`, a compiler driver that is
+    /// neither clang nor gcc, …), and what it is: nothing is added.
+    Other(String),
 }
 
 impl DriverKind {
+    /// What the name (and `-flavor`) says; compiler drivers are then asked ([`identify`]).
     fn of(name: &str, args: &[OsString]) -> DriverKind {
-        if name.contains("clang-cl") {
-            DriverKind::ClangCl
-        } else if name.contains("lld-link") {
+        if name.contains("lld-link") {
             DriverKind::Coff
         } else if name.contains("lld") {
             // `lld` and `rust-lld` need `-flavor`; `ld.lld` is the ELF driver.
@@ -105,13 +144,89 @@ impl DriverKind {
                 Some(b"gnu") => DriverKind::Elf,
                 Some(b"link") => DriverKind::Coff,
                 None if name.starts_with("ld.") => DriverKind::Elf,
-                _ => DriverKind::Other,
+                _ => DriverKind::Other(format!("{name} without -flavor gnu or link")),
             }
         } else if name == "ld" || name.starts_with("ld.") {
-            DriverKind::Other
+            DriverKind::Other(format!("{name}, a linker other than lld"))
+        } else {
+            let cl = name.contains("clang-cl") || args.iter().any(|a| a == "--driver-mode=cl");
+            DriverKind::Compiler { cl }
+        }
+    }
+}
+
+/// What `driver -v` says it is: clang (`… clang version …`), gcc (`gcc version …`), or neither.
+fn identify(driver: &Path, cl: bool) -> DriverKind {
+    let said = Command::new(driver)
+        .arg("-v")
+        .stdin(Stdio::null())
+        .output()
+        .map(|out| {
+            let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.stdout));
+            text
+        });
+    match said {
+        Ok(text) => kind_from_version(&text, cl),
+        Err(e) => DriverKind::Other(format!("a driver that cannot be asked what it is ({e})")),
+    }
+}
+
+/// [`identify`]'s reading of `-v` output.
+fn kind_from_version(text: &str, cl: bool) -> DriverKind {
+    if text.lines().any(|l| l.contains("clang version")) {
+        if cl {
+            DriverKind::ClangCl
         } else {
             DriverKind::Clang
         }
+    } else if !cl && text.lines().any(|l| l.starts_with("gcc version ")) {
+        DriverKind::Gcc
+    } else {
+        let first = text.lines().next().unwrap_or("nothing").trim();
+        DriverKind::Other(format!("neither clang nor gcc (`-v` says {first:?})"))
+    }
+}
+
+/// What the wrapper adds to a command, or why it adds nothing.
+#[derive(Debug, PartialEq, Eq)]
+enum Added {
+    Options(Vec<OsString>),
+    Nothing(String),
+}
+
+impl Added {
+    /// The `--verbose` note.
+    fn describe(&self, driver: &Path) -> String {
+        match self {
+            Added::Options(options) => {
+                let shown: Vec<_> = options.iter().map(|o| o.to_string_lossy()).collect();
+                format!("running {} with {}", driver.display(), shown.join(" "))
+            }
+            Added::Nothing(why) => format!(
+                "running {} as it is, without DTLTO: {why}",
+                driver.display()
+            ),
+        }
+    }
+}
+
+/// Why a compiler driver's command gets nothing whatever the driver is: it does not link, links
+/// with another linker than lld, or names a distributor already.
+fn compiler_passes_through(cl: bool, args: &[OsString]) -> Option<&'static str> {
+    let kind = if cl {
+        DriverKind::ClangCl
+    } else {
+        DriverKind::Clang
+    };
+    if compile_only(&kind, args) {
+        Some("not a link")
+    } else if names(args, "thinlto-distributor") {
+        Some("the command names a distributor already")
+    } else if !uses_lld(args) {
+        Some("not a link with lld (-fuse-ld=lld)")
+    } else {
+        None
     }
 }
 
@@ -122,60 +237,68 @@ struct BackendCompiler {
     prepend: Option<&'static str>,
 }
 
-/// The options to append to `args` for a driver of `kind`; `compiler` finds the backend compiler
-/// when one must be named.
+/// The options to append to `args` for a driver of `kind`, or why there are none; `compiler` finds
+/// the backend compiler when one must be named.
 fn dtlto_options(
-    kind: DriverKind,
+    kind: &DriverKind,
     args: &[OsString],
     this: &Path,
     compiler: impl FnOnce() -> Result<Option<BackendCompiler>>,
-) -> Result<Vec<OsString>> {
-    if kind == DriverKind::Other || compile_only(kind, args) || names(args, "thinlto-distributor") {
-        return Ok(Vec::new());
-    }
-    let user_compiler = names(args, "thinlto-remote-compiler");
+) -> Result<Added> {
+    let nothing = |why: &str| Ok(Added::Nothing(why.to_owned()));
     let coff = match kind {
-        DriverKind::Clang => {
-            let msvc = target_is_msvc(args);
-            if !uses_lld(args) {
-                return Ok(Vec::new());
+        DriverKind::Other(what) => return nothing(&format!("the driver is {what}")),
+        DriverKind::Compiler { .. } | DriverKind::Clang | DriverKind::ClangCl | DriverKind::Gcc => {
+            let cl = matches!(
+                kind,
+                DriverKind::ClangCl | DriverKind::Compiler { cl: true }
+            );
+            if let Some(why) = compiler_passes_through(cl, args) {
+                return nothing(why);
             }
-            if !msvc && lto_enabled(args) {
-                // clang passes the distributor on, and its own executable as the compiler.
-                let mut added = vec![concat("-fthinlto-distributor=", this)];
-                if !user_compiler && let Some(c) = compiler()?.filter(|c| c.prepend.is_some()) {
-                    for option in linker_options(&c, false) {
-                        added.extend(["-Xlinker".into(), option]);
+            match kind {
+                DriverKind::Clang if target_is_msvc(args) => true,
+                DriverKind::Clang if lto_enabled(args) => {
+                    // clang passes the distributor on, and its own executable as the compiler.
+                    let mut added = vec![concat("-fthinlto-distributor=", this)];
+                    if !names(args, "thinlto-remote-compiler")
+                        && let Some(c) = compiler()?.filter(|c| c.prepend.is_some())
+                    {
+                        for option in linker_options(&c, false) {
+                            added.extend(["-Xlinker".into(), option]);
+                        }
                     }
+                    return Ok(Added::Options(added));
                 }
-                return Ok(added);
+                DriverKind::ClangCl => true,
+                DriverKind::Compiler { .. } => return nothing("the driver was not identified"),
+                _ => false,
             }
-            msvc
         }
-        DriverKind::ClangCl => {
-            if !uses_lld(args) {
-                return Ok(Vec::new());
+        DriverKind::Elf | DriverKind::Coff => {
+            if compile_only(kind, args) {
+                return nothing("not a link");
             }
-            true
+            if names(args, "thinlto-distributor") {
+                return nothing("the command names a distributor already");
+            }
+            *kind == DriverKind::Coff
         }
-        DriverKind::Elf => false,
-        DriverKind::Coff => true,
-        DriverKind::Other => unreachable!("returned above"),
     };
     let mut options = vec![if coff {
         concat("/thinlto-distributor:", this)
     } else {
         concat("--thinlto-distributor=", this)
     }];
-    if !user_compiler {
+    if !names(args, "thinlto-remote-compiler") {
         match compiler()? {
             Some(c) => options.extend(linker_options(&c, coff)),
             // Without a compiler for the backend jobs there is no DTLTO: link as without the wrapper.
-            None => return Ok(Vec::new()),
+            None => return nothing("no clang for the backend compiles"),
         }
     }
-    Ok(match kind {
-        DriverKind::Clang => options
+    Ok(Added::Options(match kind {
+        DriverKind::Clang | DriverKind::Gcc => options
             .into_iter()
             .flat_map(|option| [OsString::from("-Xlinker"), option])
             .collect(),
@@ -185,7 +308,7 @@ fn dtlto_options(
                 .collect()
         }
         _ => options,
-    })
+    }))
 }
 
 /// lld's options naming the backend compiler.
@@ -215,9 +338,9 @@ fn concat(prefix: &str, path: &Path) -> OsString {
 }
 
 /// Whether the command compiles, preprocesses or queries instead of linking.
-fn compile_only(kind: DriverKind, args: &[OsString]) -> bool {
+fn compile_only(kind: &DriverKind, args: &[OsString]) -> bool {
     let flags: &[&str] = match kind {
-        DriverKind::Clang => &[
+        DriverKind::Clang | DriverKind::Gcc | DriverKind::Compiler { cl: false } => &[
             "-c",
             "-S",
             "-E",
@@ -230,7 +353,9 @@ fn compile_only(kind: DriverKind, args: &[OsString]) -> bool {
             "-dumpmachine",
             "--help",
         ],
-        DriverKind::ClangCl => &["/c", "-c", "/E", "-E", "/P", "-P", "/Zs", "-Zs", "/?"],
+        DriverKind::ClangCl | DriverKind::Compiler { cl: true } => {
+            &["/c", "-c", "/E", "-E", "/P", "-P", "/Zs", "-Zs", "/?"]
+        }
         _ => &["--version", "/?", "--help"],
     };
     args.iter().any(|a| {
@@ -302,10 +427,10 @@ fn target_is_msvc(args: &[OsString]) -> bool {
     })
 }
 
-/// The compiler for the backend jobs: the clang behind a clang driver, or for lld itself the clang
-/// on PATH. `None` when there is none.
+/// The compiler for the backend jobs: the clang behind a clang driver, or for lld itself and gcc
+/// the clang on PATH. `None` when there is none.
 fn backend_compiler(
-    kind: DriverKind,
+    kind: &DriverKind,
     driver: &Path,
     this: &Path,
 ) -> Result<Option<BackendCompiler>> {
@@ -313,6 +438,8 @@ fn backend_compiler(
         DriverKind::Clang | DriverKind::ClangCl => driver.to_owned(),
         _ => match find_on_path(OsStr::new("clang"), this) {
             Some(clang) => clang,
+            // gcc links without clang are common: only lld run directly is told.
+            None if *kind == DriverKind::Gcc => return Ok(None),
             None => {
                 eprintln!(
                     "dtlto-reapi link: warning: no clang on PATH for the backend compiles; linking \
@@ -420,22 +547,29 @@ mod tests {
             path: PathBuf::from(path),
             prepend: multi.then_some("clang"),
         });
-        dtlto_options(kind, &args(list), Path::new("/d/dtlto-reapi"), || {
+        match dtlto_options(&kind, &args(list), Path::new("/d/dtlto-reapi"), || {
             Ok(compiler)
         })
         .unwrap()
-        .into_iter()
-        .map(|s| s.into_string().unwrap())
-        .collect()
+        {
+            Added::Options(options) => options
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect(),
+            Added::Nothing(_) => Vec::new(),
+        }
     }
 
     #[test]
     fn kinds_follow_the_driver_name_and_flavor() {
         let none = args(&[]);
-        assert_eq!(DriverKind::of("clang", &none), DriverKind::Clang);
-        assert_eq!(DriverKind::of("cc", &none), DriverKind::Clang);
-        assert_eq!(DriverKind::of("clang++-22", &none), DriverKind::Clang);
-        assert_eq!(DriverKind::of("clang-cl", &none), DriverKind::ClangCl);
+        let compiler = DriverKind::Compiler { cl: false };
+        assert_eq!(DriverKind::of("clang", &none), compiler);
+        assert_eq!(DriverKind::of("cc", &none), compiler);
+        assert_eq!(DriverKind::of("clang++-22", &none), compiler);
+        let cl = DriverKind::Compiler { cl: true };
+        assert_eq!(DriverKind::of("clang-cl", &none), cl);
+        assert_eq!(DriverKind::of("clang", &args(&["--driver-mode=cl"])), cl);
         assert_eq!(DriverKind::of("ld.lld", &none), DriverKind::Elf);
         assert_eq!(DriverKind::of("lld-link", &none), DriverKind::Coff);
         let gnu = args(&["-flavor", "gnu"]);
@@ -444,8 +578,55 @@ mod tests {
             DriverKind::of("lld", &args(&["-flavor", "link"])),
             DriverKind::Coff
         );
-        assert_eq!(DriverKind::of("lld", &none), DriverKind::Other);
-        assert_eq!(DriverKind::of("ld.bfd", &none), DriverKind::Other);
+        assert!(matches!(DriverKind::of("lld", &none), DriverKind::Other(_)));
+        assert!(matches!(
+            DriverKind::of("ld.bfd", &none),
+            DriverKind::Other(_)
+        ));
+    }
+
+    #[test]
+    fn compiler_drivers_are_what_they_say_they_are() {
+        let clang = "Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu\nFound candidate GCC installation: /usr/lib/gcc/x86_64-linux-gnu/12\n";
+        assert_eq!(kind_from_version(clang, false), DriverKind::Clang);
+        assert_eq!(kind_from_version(clang, true), DriverKind::ClangCl);
+        let gcc = "Using built-in specs.\nCOLLECT_GCC=cc\nTarget: x86_64-linux-gnu\ngcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n";
+        assert_eq!(kind_from_version(gcc, false), DriverKind::Gcc);
+        assert!(matches!(kind_from_version(gcc, true), DriverKind::Other(_)));
+        let DriverKind::Other(what) = kind_from_version("icx: Intel(R) oneAPI\n", false) else {
+            panic!("not other")
+        };
+        assert!(
+            what.contains("neither clang nor gcc") && what.contains("Intel"),
+            "{what}"
+        );
+    }
+
+    #[test]
+    fn gcc_with_lld_names_distributor_and_clang_to_lld() {
+        let c = Some(("/usr/bin/clang", false));
+        let expected = [
+            "-Xlinker",
+            "--thinlto-distributor=/d/dtlto-reapi",
+            "-Xlinker",
+            "--thinlto-remote-compiler=/usr/bin/clang",
+        ];
+        assert_eq!(
+            options(DriverKind::Gcc, &["-fuse-ld=lld", "main.o", "-lm"], c),
+            expected
+        );
+        assert_eq!(
+            options(
+                DriverKind::Gcc,
+                &["-flto=thin", "-fuse-ld=lld", "main.o"],
+                c
+            ),
+            expected
+        );
+        assert!(options(DriverKind::Gcc, &["main.o", "-lm"], c).is_empty());
+        assert!(options(DriverKind::Gcc, &["-fuse-ld=lld", "-c", "a.c"], c).is_empty());
+        // No clang for the backend compiles: the link runs as without the wrapper.
+        assert!(options(DriverKind::Gcc, &["-fuse-ld=lld", "main.o"], None).is_empty());
     }
 
     #[test]
@@ -575,7 +756,7 @@ mod tests {
             "a.o",
         ];
         assert_eq!(options(DriverKind::Clang, &with_x, c).len(), 1);
-        assert!(options(DriverKind::Other, &["a.o"], c).is_empty());
+        assert!(options(DriverKind::Other("ld.bfd".into()), &["a.o"], c).is_empty());
         // The last -flto/-fno-lto decides.
         assert!(!lto_enabled(&args(&["-flto=thin", "-fno-lto"])));
         assert!(lto_enabled(&args(&["-fno-lto", "-flto"])));

@@ -187,6 +187,12 @@ fn an_interrupt_while_connecting_to_a_slow_cluster_exits_promptly() {
 #[test]
 fn an_interrupted_remote_link_cancels_its_operations_on_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
+    // A server running as root runs the action as a user of its own, which must write here.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     // The "compiler" runs on the server's worker (in a PID namespace of its own, so its pid means
     // nothing here): it says where the test can see that it started, works for 3 s, then says
     // that it survived.

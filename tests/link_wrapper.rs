@@ -1,11 +1,14 @@
 //! `dtlto-reapi link` and its `<driver>-dtlto` names, with the real clang/lld: a ThinLTO link through
 //! a symlink and through a copy becomes a DTLTO link, a link without ThinLTO inputs produces the same
 //! program as without the wrapper, the driver's exit status and signal come through, a user's own
-//! remote compiler is kept, and `ld.lld` run directly gets the distributor and a compiler.
+//! remote compiler is kept, `ld.lld` run directly gets the distributor and a compiler, gcc (Debian's
+//! `cc`) linking clang's bitcode with lld gets DTLTO, `@file` response files are read to decide,
+//! and a driver that is neither clang nor gcc gets nothing but one `--verbose` note.
 
 mod common;
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
@@ -236,4 +239,100 @@ fn lld_own_cache_serves_a_relink_without_starting_the_distributor() {
     }
     // Only the first link handed jobs to the distributor.
     assert_eq!(stats_in(&stats).len(), 1);
+}
+
+/// Whether `cc` is gcc here (Debian's `cc`, and the C compiler the README asks for).
+fn cc_is_gcc() -> bool {
+    let out = run(Command::new("cc").arg("-v"));
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .any(|l| l.starts_with("gcc version "))
+}
+
+#[test]
+fn gcc_with_lld_links_bitcode_through_dtlto() {
+    assert!(cc_is_gcc(), "these tests need `cc` to be gcc (Debian: gcc)");
+    let (project, expected) = chain_with_archive(3);
+    let wrappers = Wrappers::new(&["cc"]);
+    let stats = stats_dir(&project, "stats");
+    // As a build system links with `cc`: no -flto, gcc finds ld.lld on PATH.
+    let mut cmd = command(&project, &wrappers, &stats, "cc-dtlto");
+    cmd.env("DTLTO_REAPI_VERBOSE", "1")
+        .arg("-fuse-ld=lld")
+        .args(project.inputs())
+        .args(["-o", "app"]);
+    let out = run_ok(&mut cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let notes: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("dtlto-reapi link: note:"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(
+        notes[0].contains("-Xlinker --thinlto-distributor=")
+            && notes[0].contains("-Xlinker --thinlto-remote-compiler="),
+        "{}",
+        notes[0]
+    );
+    let run_app = run_ok(&mut Command::new(project.dir().join("app")));
+    assert_eq!(String::from_utf8_lossy(&run_app.stdout), expected);
+    let links = stats_in(&stats);
+    assert_eq!(links.len(), 1, "one DTLTO link");
+    assert_eq!(links[0].ran(), ran_only("local", 4), "{}", links[0]);
+}
+
+#[test]
+fn a_response_file_holding_the_lto_options_gets_dtlto() {
+    let (project, expected) = chain_with_archive(2);
+    let wrappers = Wrappers::new(&["clang"]);
+    let stats = stats_dir(&project, "stats");
+    // The options in a response file naming another, with quoting.
+    fs::write(project.dir().join("lld.rsp"), "'-fuse-ld=lld'\n").unwrap();
+    fs::write(
+        project.dir().join("link options.rsp"),
+        format!("{TARGET} -O2 \"-flto=thin\" @lld.rsp\n"),
+    )
+    .unwrap();
+    let mut cmd = command(&project, &wrappers, &stats, "clang-dtlto");
+    cmd.arg("@link options.rsp")
+        .args(project.inputs())
+        .args(["-o", "app"]);
+    run_ok(&mut cmd);
+    let out = run_ok(&mut Command::new(project.dir().join("app")));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+    let links = stats_in(&stats);
+    assert_eq!(links.len(), 1, "one DTLTO link");
+    assert_eq!(links[0].ran(), ran_only("local", 3), "{}", links[0]);
+}
+
+#[test]
+fn a_driver_that_is_neither_clang_nor_gcc_gets_nothing_and_one_note() {
+    let project = Project::new();
+    let wrappers = Wrappers::new(&[]);
+    let stats = stats_dir(&project, "stats");
+    // A driver that prints its arguments (`-v` too): it says nothing of clang or gcc.
+    let driver = project.dir().join("fakecc");
+    fs::write(&driver, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
+    fs::set_permissions(&driver, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = command(&project, &wrappers, &stats, "dtlto-reapi");
+    cmd.args([
+        "link",
+        "--verbose",
+        "./fakecc",
+        "-flto=thin",
+        "-fuse-ld=lld",
+        "a.o",
+    ]);
+    let out = run_ok(&mut cmd);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "-flto=thin\n-fuse-ld=lld\na.o\n"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("dtlto-reapi link: note: running ")
+            && stderr.contains("without DTLTO: the driver is neither clang nor gcc"),
+        "{stderr}"
+    );
 }

@@ -7,7 +7,7 @@ mod support_server;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     Digest, Directory, ExecuteRequest, ExecuteResponse, FileNode, Tree, WaitExecutionRequest,
 };
-use bazel_remote_apis::google::longrunning::{CancelOperationRequest, Operation};
+use bazel_remote_apis::google::longrunning::Operation;
 use bazel_remote_apis::google::protobuf::Timestamp;
 use futures::StreamExt;
 use prost::Message;
@@ -241,14 +241,7 @@ async fn wait_execution_reattaches_and_cancel_operation_stops_an_action() {
     drop(stream);
     assert!(!first.done);
 
-    server
-        .operations()
-        .cancel_operation(CancelOperationRequest {
-            name: first.name.clone(),
-        })
-        .await
-        .expect("CancelOperation");
-    let (_, response) = server.wait_execution(&first.name).await;
+    let response = server.cancel(&first.name).await;
     assert_eq!(
         response.status.expect("status").code,
         Code::Cancelled as i32
@@ -469,10 +462,12 @@ async fn actions_run_in_namespaces_of_their_own() {
     let server = Server::start(&[]).await;
     let client = std::process::id();
     // Process 1 of a PID namespace of its own, with its own /proc: the client's process (and so
-    // its working directory through /proc/<pid>/cwd) is out of sight. Its user namespace maps one
-    // user, not the whole id range of the host's.
+    // its working directory through /proc/<pid>/cwd) is out of sight. When the server is root,
+    // the action is a user of its own, without privileges (`id -u` is far from 0); otherwise its
+    // user namespace maps one user, not the whole id range of the host's.
     let script = format!(
-        "echo $$; test -e /proc/{client}/cwd && echo sees-the-client; cat /proc/self/uid_map"
+        "echo $$; test -e /proc/{client}/cwd && echo sees-the-client; id -u; \
+         cat /proc/self/uid_map; grep NoNewPrivs /proc/self/status"
     );
     let spec = ActionSpec {
         args: &["/bin/sh", "-c", &script],
@@ -485,10 +480,17 @@ async fn actions_run_in_namespaces_of_their_own() {
         .lines()
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines.len(), 4, "{stdout}");
     assert_eq!(lines[0], ["1"], "{stdout}");
-    assert_eq!(lines[1][0], "0", "{stdout}");
-    assert_eq!(lines[1][2], "1", "only one user is mapped: {stdout}");
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let uid: u64 = lines[1][0].parse().expect("a uid");
+        assert!(uid >= 1 << 30, "{stdout}");
+    } else {
+        assert_eq!(lines[2][0], "0", "{stdout}");
+        assert_eq!(lines[2][2], "1", "only one user is mapped: {stdout}");
+    }
+    assert_eq!(lines[3], ["NoNewPrivs:", "1"], "{stdout}");
 }
 
 #[tokio::test]

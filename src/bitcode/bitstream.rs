@@ -94,6 +94,16 @@ impl<'a> BitReader<'a> {
     /// A fixed-width field; `width` is at most 64.
     pub(crate) fn read(&mut self, width: u32) -> Result<u64, BitcodeError> {
         self.need(u64::from(width))?;
+        let first = (self.pos / 8) as usize;
+        let bit = (self.pos % 8) as u32;
+        // Fast path: the field lies within eight bytes of the buffer, loaded as one word.
+        if bit + width <= 64
+            && let Some(word) = self.data.get(first..first + 8)
+        {
+            let word = u64::from_le_bytes(word.try_into().unwrap_or_default()) >> bit;
+            self.pos += u64::from(width);
+            return Ok(word & low_bits(width));
+        }
         let mut value = 0u64;
         let mut got = 0;
         while got < width {
@@ -165,6 +175,11 @@ impl<'a> BitReader<'a> {
     }
 }
 
+/// The mask of the low `width` bits (`width` at most 64).
+fn low_bits(width: u32) -> u64 {
+    u64::MAX.checked_shr(64 - width).unwrap_or(0)
+}
+
 /// Appends fields least significant bit first; the first bit written is aligned for `align32`.
 #[derive(Default)]
 pub(crate) struct BitWriter {
@@ -173,22 +188,32 @@ pub(crate) struct BitWriter {
 }
 
 impl BitWriter {
-    /// Writes the low `width` bits of `value` (`width` at most 64; higher bits must be zero).
-    pub(crate) fn write(&mut self, value: u64, width: u32) {
-        let mut done = 0;
-        while done < width {
-            let bit = (self.bits % 8) as u32;
-            if bit == 0 {
-                self.bytes.push(0);
-            }
-            let take = (8 - bit).min(width - done);
-            let chunk = (value >> done) & ((1u64 << take) - 1);
-            if let Some(last) = self.bytes.last_mut() {
-                *last |= (chunk as u8) << bit;
-            }
-            done += take;
-            self.bits += u64::from(take);
+    /// A writer with room for `bytes` bytes before it grows.
+    pub(crate) fn with_capacity(bytes: usize) -> BitWriter {
+        BitWriter {
+            bytes: Vec::with_capacity(bytes),
+            bits: 0,
         }
+    }
+
+    /// Writes the low `width` bits of `value` (`width` at most 64; higher bits are ignored).
+    pub(crate) fn write(&mut self, value: u64, width: u32) {
+        if width == 0 {
+            return;
+        }
+        let bit = (self.bits % 8) as u32;
+        // The partial last byte's bits, then the value after them: at most 7 + 64 bits.
+        let merged = u128::from(value & low_bits(width)) << bit;
+        let touched = (bit + width).div_ceil(8) as usize;
+        let bytes = merged.to_le_bytes();
+        match self.bytes.last_mut() {
+            Some(last) if bit != 0 => {
+                *last |= bytes[0];
+                self.bytes.extend_from_slice(&bytes[1..touched]);
+            }
+            _ => self.bytes.extend_from_slice(&bytes[..touched]),
+        }
+        self.bits += u64::from(width);
     }
 
     pub(crate) fn write_vbr(&mut self, mut value: u64, width: u32) {
@@ -252,9 +277,17 @@ pub(crate) type Abbrev = Rc<[Op]>;
 
 const CHAR6: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._";
 
+/// The position of `value` in [`CHAR6`], if it is there.
 fn char6_code(value: u64) -> Option<u64> {
-    let byte = u8::try_from(value).ok()?;
-    CHAR6.iter().position(|&c| c == byte).map(|i| i as u64)
+    let code = match u8::try_from(value).ok()? {
+        byte @ b'a'..=b'z' => byte - b'a',
+        byte @ b'A'..=b'Z' => byte - b'A' + 26,
+        byte @ b'0'..=b'9' => byte - b'0' + 52,
+        b'.' => 62,
+        b'_' => 63,
+        _ => return None,
+    };
+    Some(u64::from(code))
 }
 
 /// Splits an abbreviation into its scalar operands and its tail (`[]`, `[Array, element]` or `[Blob]`).
@@ -431,6 +464,46 @@ fn write_scalar(w: &mut BitWriter, op: Op, value: u64) {
     }
 }
 
+/// The bits `value` takes as a VBR of `width`-bit chunks.
+fn vbr_bits(value: u64, width: u32) -> u64 {
+    let significant = 64 - u64::from(value.leading_zeros());
+    significant.div_ceil(u64::from(width - 1)).max(1) * u64::from(width)
+}
+
+fn scalar_bits(op: Op, value: u64) -> u64 {
+    match op {
+        Op::Fixed(width) => u64::from(width),
+        Op::Vbr(width) => vbr_bits(value, width),
+        Op::Char6 => 6,
+        Op::Literal(_) | Op::Array | Op::Blob => 0,
+    }
+}
+
+/// The bits [`write_abbreviated`] writes for the record, counted from a 32-bit boundary (which
+/// places a blob's padding).
+fn abbreviated_bits(width: u32, ops: &[Op], fields: &[u64], blob: Option<&[u8]>) -> u64 {
+    let (scalars, tail) = split_tail(ops);
+    let mut bits = u64::from(width);
+    bits += scalars
+        .iter()
+        .zip(fields)
+        .map(|(&op, &value)| scalar_bits(op, value))
+        .sum::<u64>();
+    let rest = fields.get(scalars.len()..).unwrap_or_default();
+    match (tail, blob) {
+        ([Op::Array, element], _) => {
+            bits += vbr_bits(rest.len() as u64, 6);
+            bits += rest.iter().map(|&v| scalar_bits(*element, v)).sum::<u64>();
+        }
+        ([Op::Blob], Some(bytes)) => {
+            bits = (bits + vbr_bits(bytes.len() as u64, 6)).next_multiple_of(32);
+            bits = (bits + bytes.len() as u64 * 8).next_multiple_of(32);
+        }
+        _ => {}
+    }
+    bits
+}
+
 /// Writes a record with abbreviation `id` (`ops`), which it fits.
 fn write_abbreviated(
     w: &mut BitWriter,
@@ -478,12 +551,11 @@ pub(crate) fn write_record(
         if id >> width != 0 || !fits(ops, fields, blob) {
             continue;
         }
-        let mut scratch = BitWriter::default();
-        write_abbreviated(&mut scratch, width, id, ops, fields, blob);
+        let bits = abbreviated_bits(width, ops, fields, blob);
         // Ties go to the later one: LLVM defines its string abbreviations widest first (8-bit, 7-bit,
         // char6) and writes an empty string as char6.
-        if best.is_none_or(|(_, _, bits)| scratch.bits <= bits) {
-            best = Some((id, ops, scratch.bits));
+        if best.is_none_or(|(_, _, best_bits)| bits <= best_bits) {
+            best = Some((id, ops, bits));
         }
     }
     if let Some((id, ops, _)) = best {
@@ -885,6 +957,67 @@ mod tests {
         end(&mut w, 4, inner);
         end(&mut w, 3, outer);
         w.into_bytes()
+    }
+
+    #[test]
+    fn char6_codes_are_positions_in_the_table() {
+        for value in 0..300u64 {
+            let position = CHAR6.iter().position(|&c| u64::from(c) == value);
+            assert_eq!(char6_code(value), position.map(|i| i as u64), "{value}");
+        }
+    }
+
+    /// Bit by bit, the plainest way: what the word-at-a-time reader and writer must agree with.
+    fn bits_of(fields: &[(u64, u32)]) -> Vec<bool> {
+        fields
+            .iter()
+            .flat_map(|&(value, width)| (0..width).map(move |i| value >> i & 1 == 1))
+            .collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn words_are_written_and_read_as_their_bits(
+            fields in proptest::collection::vec((proptest::num::u64::ANY, 0u32..=64), 0..40),
+        ) {
+            let mut w = BitWriter::default();
+            for &(value, width) in &fields {
+                w.write(value, width);
+            }
+            let want = bits_of(&fields);
+            proptest::prop_assert_eq!(w.bits, want.len() as u64);
+            let bytes = w.into_bytes();
+            let got: Vec<bool> = (0..want.len()).map(|i| bytes[i / 8] >> (i % 8) & 1 == 1).collect();
+            proptest::prop_assert_eq!(&got, &want);
+            // Bits past the end are zero.
+            proptest::prop_assert_eq!(bytes.len(), want.len().div_ceil(8));
+            let mut r = BitReader::new(&bytes, 0..bytes.len());
+            for &(value, width) in &fields {
+                proptest::prop_assert_eq!(r.read(width).unwrap(), value & low_bits(width));
+            }
+        }
+
+        #[test]
+        fn the_size_of_a_record_is_what_writing_it_takes(
+            values in proptest::collection::vec(proptest::num::u64::ANY, 1..12),
+            shifts in proptest::collection::vec(0u32..64, 12),
+            blob in proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 0..9)),
+            width in 2u32..8,
+        ) {
+            let fields: Vec<u64> = values.iter().zip(&shifts).map(|(v, s)| v >> s).collect();
+            let vbr = [Op::Vbr(6), Op::Array, Op::Vbr(3)];
+            let fixed = [Op::Literal(fields[0]), Op::Array, Op::Fixed(64)];
+            let blob_ops = [Op::Vbr(5), Op::Blob];
+            for ops in [&vbr[..], &fixed, &blob_ops] {
+                if !fits(ops, &fields[..if ops == blob_ops { 1 } else { fields.len() }], blob.as_deref()) {
+                    continue;
+                }
+                let fields = if ops == blob_ops { &fields[..1] } else { &fields[..] };
+                let mut w = BitWriter::default();
+                write_abbreviated(&mut w, width, 1, ops, fields, blob.as_deref());
+                proptest::prop_assert_eq!(w.bits, abbreviated_bits(width, ops, fields, blob.as_deref()));
+            }
+        }
     }
 
     impl BitReader<'_> {

@@ -52,6 +52,37 @@ pub fn canonicalize_shard(
     shard::canonicalize_shard(shard, new_path)
 }
 
+/// An index shard read once, to match its module entries to files and then canonicalize it without
+/// reading it again.
+pub struct ReadShard<'a> {
+    bytes: &'a [u8],
+    shard: shard::Shard,
+}
+
+impl<'a> ReadShard<'a> {
+    /// Reads `shard`; fails where [`canonicalize_shard`] would fail to read it.
+    pub fn new(shard: &'a [u8]) -> Result<ReadShard<'a>, BitcodeError> {
+        let read = shard::read_for_rewrite(shard)?;
+        Ok(ReadShard {
+            bytes: shard,
+            shard: read,
+        })
+    }
+
+    /// The modules it records, as [`shard_modules`] gives them.
+    pub fn modules(&self) -> &[ModuleEntry] {
+        &self.shard.entries
+    }
+
+    /// [`canonicalize_shard`] of the shard.
+    pub fn canonicalize(
+        &self,
+        new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+    ) -> Result<Vec<u8>, BitcodeError> {
+        shard::canonicalize(self.bytes, &self.shard, new_path)
+    }
+}
+
 /// The MODULE_CODE_HASH of a module's bitcode (raw, wrapped, or inside an ELF `.llvm.lto` section);
 /// `None` if it has none (modules get one when compiled for ThinLTO).
 ///
@@ -202,6 +233,19 @@ mod tests {
         assert_ne!(reordered, as_is);
         let back = canonicalize_shard(&reordered, |e| original[2 - e.id as usize].clone()).unwrap();
         assert_eq!(back, as_is);
+    }
+
+    #[test]
+    fn a_shard_read_once_gives_what_the_functions_give() {
+        for shard in [SHARD, COFF_SHARD] {
+            let read = ReadShard::new(shard).unwrap();
+            assert_eq!(read.modules(), shard_modules(shard).unwrap());
+            let rename = |e: &ModuleEntry| format!("renamed-{}.o", 9 - e.id).into_bytes();
+            assert_eq!(
+                read.canonicalize(rename).unwrap(),
+                canonicalize_shard(shard, rename).unwrap()
+            );
+        }
     }
 
     #[test]

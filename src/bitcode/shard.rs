@@ -68,11 +68,12 @@ pub(crate) struct Block {
     pub(crate) items: Vec<BodyItem>,
 }
 
-struct Shard {
+/// A shard read for rewriting: its module entries, and the blocks a rewrite re-emits.
+pub(crate) struct Shard {
     /// The bitstream's bytes in the file.
     stream: Range<usize>,
     wrapped: bool,
-    entries: Vec<ModuleEntry>,
+    pub(crate) entries: Vec<ModuleEntry>,
     tables: Vec<Block>,
     summaries: Vec<Block>,
 }
@@ -236,7 +237,8 @@ fn body(
     block: &Block,
     emits: Vec<Emit<'_>>,
 ) -> Result<Vec<u8>, BitcodeError> {
-    let mut w = BitWriter::default();
+    // About the size of the body it replaces: the new one differs only in its names.
+    let mut w = BitWriter::with_capacity(block.body.len() + block.body.len() / 4);
     let mut abbrevs = block.inherited.clone();
     for emit in emits {
         match emit {
@@ -299,11 +301,24 @@ fn unsupported(at: usize, what: impl Into<String>) -> BitcodeError {
     }
 }
 
+/// Reads a shard's MODULE_STRTAB and summary block, for [`canonicalize`].
+pub(crate) fn read_for_rewrite(bytes: &[u8]) -> Result<Shard, BitcodeError> {
+    scan(bytes, true)
+}
+
 pub(crate) fn canonicalize_shard(
     bytes: &[u8],
+    new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+) -> Result<Vec<u8>, BitcodeError> {
+    canonicalize(bytes, &read_for_rewrite(bytes)?, new_path)
+}
+
+/// `bytes`, read as `shard`, canonicalized (see [`super::canonicalize_shard`]).
+pub(crate) fn canonicalize(
+    bytes: &[u8],
+    shard: &Shard,
     mut new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
 ) -> Result<Vec<u8>, BitcodeError> {
-    let shard = scan(bytes, true)?;
     let [table] = &shard.tables[..] else {
         return Err(unsupported(
             shard.stream.start,

@@ -3,8 +3,16 @@
 //! input objects — are hashed, or even opened, once, not on every link.
 //!
 //! A file is known by its path, device, inode, size, modification time and status-change time: any
-//! write, truncation, rename over it or `touch` changes one of them. Files modified within the last
-//! [`RACY_WINDOW`] are not remembered, since a write in the same timestamp tick would go unseen.
+//! write, truncation, rename over it or `touch` changes one of them. Files modified within
+//! [`RACY_WINDOW`] of being read are not remembered, since a write in the same timestamp tick would
+//! go unseen. As in git's index, "within" is measured by the clock of the file system the file is on,
+//! not this machine's (an NFS or SMB server's clock may be off by minutes): by the time of a file
+//! written there just before, the cache's own probe file or one the caller names (lld's job file).
+//! Files on a file system without such a file are judged by this machine's clock.
+//!
+//! The cache file is trusted like the disk cache's directory: when it, or its directory, belongs to
+//! another user or can be written by group or others, it is neither read nor written (another user
+//! could make it name wrong contents for files), and [`DigestCache::untrusted`] says why, once.
 //!
 //! The map is one text file. Links running at once each load it, add what they hashed and write it
 //! back whole (merged with what is on disk by then) under a temporary name renamed into place, so a
@@ -16,7 +24,7 @@ use std::ffi::OsStr;
 use std::fs::{File, Metadata};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +32,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::reapi::digest::{self, Digest};
 
-/// Files changed more recently than this are hashed but not remembered.
+/// Files changed more recently than this before they were read (by their file system's clock) are
+/// hashed but not remembered. Two seconds: the coarsest timestamps in use (FAT) tick every two.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
 
 /// Entries kept at most; beyond it, the least recently used are dropped.
@@ -175,6 +184,10 @@ pub struct DigestCache {
     changed: AtomicBool,
     /// This process's clock, in seconds since the epoch, for `last_used`.
     now: u64,
+    /// Why the cache file is ignored, when it is.
+    untrusted: Option<String>,
+    /// Per device, a time (ns since the epoch) known to have passed on that file system's clock.
+    clocks: Mutex<HashMap<u64, i64>>,
 }
 
 impl DigestCache {
@@ -185,9 +198,12 @@ impl DigestCache {
         dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests-v2"))
     }
 
-    /// Loads the cache kept in `file`; a missing, unreadable or foreign file is an empty cache, and
-    /// malformed lines are skipped.
+    /// Loads the cache kept in `file`; a missing, unreadable or foreign-format file is an empty
+    /// cache, and malformed lines are skipped. A file that another user could have written is not
+    /// used at all (see [`DigestCache::untrusted`]).
     pub fn open(file: Option<PathBuf>) -> DigestCache {
+        let untrusted = file.as_deref().and_then(untrusted);
+        let file = file.filter(|_| untrusted.is_none());
         let entries = file
             .as_ref()
             .and_then(|file| std::fs::read(file).ok())
@@ -201,7 +217,58 @@ impl DigestCache {
             entries: Mutex::new(entries),
             changed: AtomicBool::new(false),
             now,
+            untrusted,
+            clocks: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Why the cache file is ignored (another user's, or in a directory others may write), for the
+    /// caller to warn about once; the link goes on hashing its inputs.
+    pub fn untrusted(&self) -> Option<&str> {
+        self.untrusted.as_deref()
+    }
+
+    /// Tells the cache that `path` was written just before this process started (lld's job file):
+    /// its modification time is a time its file system's clock has reached.
+    pub fn written_now(&self, path: &Path) {
+        if let Ok(meta) = std::fs::metadata(path) {
+            self.observe_clock(meta.dev(), meta.mtime() * 1_000_000_000 + meta.mtime_nsec());
+        }
+    }
+
+    fn observe_clock(&self, device: u64, time_ns: i64) {
+        if let Ok(mut clocks) = self.clocks.lock() {
+            let known = clocks.entry(device).or_insert(time_ns);
+            *known = (*known).max(time_ns);
+        }
+    }
+
+    /// A time the clock of the file system on `device` has reached, in ns since the epoch: from a
+    /// file written there (the first time it is needed, a probe file beside the cache file), else
+    /// this machine's clock.
+    fn file_system_now(&self, device: u64) -> i64 {
+        let known = |cache: &DigestCache| cache.clocks.lock().ok()?.get(&device).copied();
+        if let Some(time) = known(self) {
+            return time;
+        }
+        if let Some(dir) = self.file.as_deref().and_then(Path::parent)
+            && let Some(probe) = probe_time(dir)
+            && probe.0 == device
+        {
+            self.observe_clock(probe.0, probe.1);
+            return probe.1;
+        }
+        let local = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+        local.map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    }
+
+    /// Whether the file `key` describes changed (content or status) within [`RACY_WINDOW`] of now by
+    /// its file system's clock, or in that clock's future: a write in the same timestamp tick as the
+    /// hashing would then go unnoticed.
+    fn racy(&self, key: &FileKey) -> bool {
+        let window = RACY_WINDOW.as_nanos() as i64;
+        // The status-change time too, which `touch -m` cannot set back.
+        key.mtime_ns.max(key.ctime_ns) > self.file_system_now(key.device) - window
     }
 
     /// What is remembered of `path`, if it has not changed since.
@@ -235,8 +302,9 @@ impl DigestCache {
         let remembered = read(&file, &before)?;
         // The handle's own metadata: a file renamed over `path` meanwhile shows another inode.
         let after = file.metadata()?;
-        if FileKey::new(path, &after) == FileKey::new(path, &before) && !changed_recently(&after) {
-            self.insert(path, &after, remembered.clone());
+        let key = FileKey::new(path, &after);
+        if key == FileKey::new(path, &before) && !self.racy(&key) {
+            self.insert(key, remembered.clone());
         }
         Ok(Known {
             remembered,
@@ -256,14 +324,14 @@ impl DigestCache {
         Ok((known.remembered.digest, known.meta))
     }
 
-    /// Remembers `remembered` as the content of `path` as `meta` describes it.
-    fn insert(&self, path: &Path, meta: &Metadata, remembered: Remembered) {
+    /// Remembers `remembered` as the content of the file version `key` describes.
+    fn insert(&self, key: FileKey, remembered: Remembered) {
         if let Ok(mut entries) = self.entries.lock() {
             let entry = Entry {
                 remembered,
                 last_used: self.now,
             };
-            entries.insert(FileKey::new(path, meta), entry);
+            entries.insert(key, entry);
             self.changed.store(true, Ordering::Relaxed);
         }
     }
@@ -288,7 +356,7 @@ impl DigestCache {
         }
         let kept = most_recently_used(&entries, MAX_ENTRIES);
         let dir = file.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
+        create_private_dir(dir)?;
         let mut out = std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
         writeln!(out, "{HEADER}")?;
         for (key, entry) in kept {
@@ -325,17 +393,40 @@ fn most_recently_used(entries: &HashMap<FileKey, Entry>, max: usize) -> Vec<(&Fi
     kept
 }
 
-/// Whether the file's content or status changed within [`RACY_WINDOW`] (or in the future): a
-/// write in the same timestamp tick as the hashing would then go unnoticed.
-fn changed_recently(meta: &Metadata) -> bool {
-    // The status-change time too, which `touch -m` cannot set back.
-    let ctime = u64::try_from(meta.ctime())
-        .ok()
-        .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
-    [meta.modified().ok(), ctime].into_iter().any(|time| {
-        time.and_then(|t| t.elapsed().ok())
-            .is_none_or(|age| age < RACY_WINDOW)
-    })
+/// Creates `dir` (and its missing parents) private to this user.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// The device of `dir` and the modification time (ns since the epoch) of a file written there now:
+/// where the cache file lives, the time by that file system's own clock.
+fn probe_time(dir: &Path) -> Option<(u64, i64)> {
+    create_private_dir(dir).ok()?;
+    let probe = tempfile::NamedTempFile::new_in(dir).ok()?;
+    probe.as_file().write_all(b"x").ok()?;
+    let meta = probe.as_file().metadata().ok()?;
+    Some((meta.dev(), meta.mtime() * 1_000_000_000 + meta.mtime_nsec()))
+}
+
+/// Why the cache file `file` must not be used, if so: it, or its directory, belongs to another user
+/// or may be written by group or others.
+fn untrusted(file: &Path) -> Option<String> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    // Symlinks followed: what they lead to is what is read.
+    let problem = [dir, file].into_iter().find_map(|path| {
+        let problem = super::foreign_writable(&std::fs::metadata(path).ok()?)?;
+        Some((path, problem))
+    })?;
+    Some(format!(
+        "digest cache {}: {} {}: another user could make it name wrong contents for files, so it \
+         is not used (inputs are hashed); `chmod go-w` what is yours, or remove it",
+        file.display(),
+        problem.0.display(),
+        problem.1
+    ))
 }
 
 #[cfg(test)]
@@ -363,7 +454,7 @@ mod tests {
         assert!(cache.lookup(&file, &meta).is_none());
 
         // What is inserted is saved and found by the next process, for this file version only.
-        cache.insert(&file, &meta, remembered(b"abc", None));
+        cache.insert(FileKey::new(&file, &meta), remembered(b"abc", None));
         cache.save().unwrap();
         let again = DigestCache::open(Some(store.clone()));
         assert_eq!(again.lookup(&file, &meta), Some(remembered(b"abc", None)));
@@ -386,7 +477,7 @@ mod tests {
 
         // Saving merges with what another process saved meanwhile.
         let other = DigestCache::open(Some(store.clone()));
-        other.insert(&file, &changed, remembered(b"abd", None));
+        other.insert(FileKey::new(&file, &changed), remembered(b"abd", None));
         other.save().unwrap();
         again.save().unwrap();
         let merged = DigestCache::open(Some(store));
@@ -404,8 +495,11 @@ mod tests {
         let (meta_a, meta_b) = (a.metadata().unwrap(), b.metadata().unwrap());
         let hash = [0, 1, 0xdead_beef, u32::MAX, 0x0123_4567];
         let cache = DigestCache::open(Some(store.clone()));
-        cache.insert(&a, &meta_a, remembered(b"bitcode", Some(hash)));
-        cache.insert(&b, &meta_b, remembered(b"other", None));
+        cache.insert(
+            FileKey::new(&a, &meta_a),
+            remembered(b"bitcode", Some(hash)),
+        );
+        cache.insert(FileKey::new(&b, &meta_b), remembered(b"other", None));
         cache.save().unwrap();
         let again = DigestCache::open(Some(store));
         assert_eq!(again.lookup(&a, &meta_a).unwrap().module_hash, Some(hash));
@@ -478,7 +572,7 @@ mod tests {
         std::fs::write(&file, b"abc").unwrap();
         let meta = file.metadata().unwrap();
         let cache = DigestCache::open(Some(store.clone()));
-        cache.insert(&file, &meta, remembered(b"abc", None));
+        cache.insert(FileKey::new(&file, &meta), remembered(b"abc", None));
         cache.save().unwrap();
         // Used today: looking it up again writes nothing.
         let again = DigestCache::open(Some(store.clone()));
@@ -491,5 +585,100 @@ mod tests {
         let later = DigestCache::open(Some(store));
         assert!(later.lookup(&file, &meta).is_some());
         assert!(later.changed.load(Ordering::Relaxed));
+    }
+    #[test]
+    fn recent_is_measured_by_the_file_systems_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DigestCache::open(Some(dir.path().join("cache/file-digests")));
+        let file = dir.path().join("input.o");
+        std::fs::write(&file, b"abc").unwrap();
+        let now = SystemTime::now();
+        let key = |modified: SystemTime| {
+            let mut key = FileKey::new(&file, &file.metadata().unwrap());
+            let ns = modified
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as i64;
+            (key.mtime_ns, key.ctime_ns) = (ns, ns);
+            key
+        };
+        let secs = Duration::from_secs;
+        // The cache's own file system (the probe beside the cache file): this machine's clock.
+        assert!(cache.racy(&key(now - secs(1))));
+        assert!(cache.racy(&key(now + secs(60))));
+        assert!(!cache.racy(&key(now - secs(10))));
+
+        // A file server whose clock is 60 s behind this machine's, as lld's job file written there
+        // just now shows: a file it changed a second ago is recent, though this machine's clock
+        // says a minute; one it changed 30 s ago is not, though this machine's clock says it
+        // changed in the future.
+        let server = tempfile::tempdir().unwrap();
+        let job_file = server.path().join("link.dist-file.json");
+        std::fs::write(&job_file, b"{}").unwrap();
+        let written = std::fs::File::options()
+            .write(true)
+            .open(&job_file)
+            .unwrap();
+        written.set_modified(now - secs(60)).unwrap();
+        let cache = DigestCache::open(None);
+        cache.written_now(&job_file);
+        assert!(cache.racy(&key(now - secs(61))));
+        assert!(!cache.racy(&key(now - secs(90))));
+        // And one 60 s ahead: its files changed 30 s ago are not recent.
+        written.set_modified(now + secs(60)).unwrap();
+        cache.written_now(&job_file);
+        assert!(!cache.racy(&key(now + secs(30))));
+        assert!(cache.racy(&key(now + secs(59))));
+    }
+
+    #[test]
+    fn a_cache_others_could_write_is_ignored_with_a_reason() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("dtlto-reapi/file-digests");
+        let file = dir.path().join("input.o");
+        std::fs::write(&file, b"abc").unwrap();
+        let meta = file.metadata().unwrap();
+        let saved = DigestCache::open(Some(store.clone()));
+        assert_eq!(saved.untrusted(), None);
+        saved.insert(FileKey::new(&file, &meta), remembered(b"abc", None));
+        saved.save().unwrap();
+        // Created private to this user.
+        let mode = |path: &Path| path.metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(store.parent().unwrap()), 0o700);
+        let trusted = DigestCache::open(Some(store.clone()));
+        assert!(trusted.lookup(&file, &meta).is_some());
+
+        let set_mode = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let ignored = |reason: &str| {
+            let cache = DigestCache::open(Some(store.clone()));
+            let why = cache
+                .untrusted()
+                .expect("the cache file is ignored")
+                .to_owned();
+            assert!(why.contains(reason), "{why}");
+            assert!(why.contains(&store.display().to_string()), "{why}");
+            assert!(cache.lookup(&file, &meta).is_none(), "{why}");
+            // Nor is it written.
+            let before = std::fs::read(&store).unwrap();
+            cache.insert(FileKey::new(&file, &meta), remembered(b"abc", None));
+            cache.save().unwrap();
+            assert_eq!(std::fs::read(&store).unwrap(), before);
+        };
+        set_mode(store.parent().unwrap(), 0o777);
+        ignored("writable by group or others (mode 777)");
+        set_mode(store.parent().unwrap(), 0o700);
+        set_mode(&store, 0o620);
+        ignored("writable by group or others (mode 620)");
+        set_mode(&store, 0o600);
+        assert!(DigestCache::open(Some(store.clone())).untrusted().is_none());
+        // Another user's file: only root can make one (as the tests run in CI).
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&store, Some(65534), None).unwrap();
+            ignored("is owned by user 65534");
+        }
     }
 }

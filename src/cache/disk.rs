@@ -58,7 +58,7 @@
 
 use std::fs::{self, File, FileTimes};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -561,23 +561,14 @@ fn real_dir(path: &Path) -> io::Result<()> {
 /// Refuses a cache directory that another user owns or that group or others may write: they could
 /// plant entries or symlinks in it.
 fn check_private(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    let problem = if meta.uid() != me {
-        format!("is owned by user {}, not by this user ({me})", meta.uid())
-    } else if meta.mode() & 0o022 != 0 {
-        format!(
-            "is writable by group or others (mode {:o}); `chmod go-w` it",
-            meta.mode() & 0o7777
-        )
-    } else {
+    let Some(problem) = super::foreign_writable(meta) else {
         return Ok(());
     };
     Err(io::Error::new(
         io::ErrorKind::PermissionDenied,
         format!(
-            "disk cache: {} {problem}: another user could plant wrong objects in it; use a \
-             directory of your own",
+            "disk cache: {} {problem}: another user could plant wrong objects in it (`chmod go-w` \
+             what is yours); use a directory of your own",
             path.display()
         ),
     ))

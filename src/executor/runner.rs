@@ -191,6 +191,9 @@ fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) 
         );
         ctx.reporter.warn_once("toolchain", &text);
     }
+    if let Some(why) = planner.digest_cache_warning() {
+        ctx.reporter.warn_once("digest-cache-untrusted", why);
+    }
     ctx.reporter.verbose(|| {
         let mode = match toolchain.identity.mode {
             ToolchainMode::Upload => "upload",

@@ -8,9 +8,10 @@
 //! `stat`.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -56,10 +57,11 @@ impl HashingStats {
     }
 }
 
-/// Digests of every input file of a link, keyed by the path as the job file names it.
+/// Digests of every input file of a link, keyed by the path as the job file names it (its bytes:
+/// looked up ~100 times per job with many imports, and hashing a `Path` walks its components).
 #[derive(Debug, Default)]
 pub struct FileDigests {
-    files: HashMap<PathBuf, FileInfo>,
+    files: HashMap<OsString, FileInfo>,
     stats: HashingStats,
 }
 
@@ -72,9 +74,10 @@ impl FileDigests {
         threads: usize,
         cache: &DigestCache,
     ) -> Result<FileDigests, String> {
+        // Distinct as the keys are: by bytes.
         let mut unique: Vec<&Path> = paths.into_iter().collect();
-        unique.sort();
-        unique.dedup();
+        unique.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
+        unique.dedup_by(|a, b| a.as_os_str() == b.as_os_str());
         let next = AtomicUsize::new(0);
         let known = Mutex::new((
             HashMap::with_capacity(unique.len()),
@@ -91,7 +94,7 @@ impl FileDigests {
                             Ok((info, from_cache)) => {
                                 if let Ok(mut known) = known.lock() {
                                     known.1.count(digest::size(&info.digest), from_cache);
-                                    known.0.insert(path.to_path_buf(), info);
+                                    known.0.insert(path.as_os_str().to_owned(), info);
                                 }
                             }
                             Err(e) => {
@@ -114,7 +117,7 @@ impl FileDigests {
 
     /// The digest of a file given to [`FileDigests::compute`].
     pub fn get(&self, path: &Path) -> Option<&FileInfo> {
-        self.files.get(path)
+        self.files.get(path.as_os_str())
     }
 
     /// How many files and bytes were hashed, and how many the digest cache knew.

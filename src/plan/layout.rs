@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use super::digests::FileDigests;
+use super::digests::{FileDigests, FileInfo};
 use crate::bitcode;
 use crate::jobs::{Job, JobFile};
 
@@ -138,25 +138,45 @@ pub fn canonical(
             job.index_shard().display()
         ),
     };
-    let shard = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
-    let entries = bitcode::shard_modules(&shard).map_err(|e| unreadable(e.to_string()))?;
+    let bytes = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
+    // Read once, for matching and for the rewrite.
+    let shard = bitcode::ReadShard::new(&bytes).map_err(|e| unreadable(e.to_string()))?;
+    let entries = shard.modules();
 
     // The job's modules, each to be claimed by exactly one shard entry.
     let modules: Vec<&Path> = std::iter::once(job.module())
         .chain(job.imports().iter().map(PathBuf::as_path))
         .collect();
+    let infos: Vec<&FileInfo> = modules
+        .iter()
+        .map(|module| {
+            digests.get(module).ok_or_else(|| NotRemotable {
+                cause: "planning",
+                detail: format!("{} was not hashed", module.display()),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // The modules by the last four words of their hash, in job order: `matches_hash`, not
+    // equality, because LLVM 22.1.8 corrupts the first word along with a non-ASCII path.
+    let mut by_hash: HashMap<[u32; 4], Vec<usize>> = HashMap::with_capacity(modules.len());
+    for (i, info) in infos.iter().enumerate() {
+        if let Some([_, rest @ ..]) = info.module_hash {
+            by_hash.entry(rest).or_default().push(i);
+        }
+    }
     let mut claimed = vec![false; modules.len()];
     let mut matched: Vec<usize> = Vec::with_capacity(entries.len());
-    for entry in &entries {
-        // `matches_hash`, not equality: LLVM 22.1.8 corrupts the first hash word along with a
-        // non-ASCII path.
-        let by_hash = |i: usize| {
-            let file_hash = digests.get(modules[i]).and_then(|f| f.module_hash);
-            file_hash.is_some_and(|h| entry.matches_hash(&h))
+    for entry in entries {
+        let hash_match = |i: &&usize| {
+            !claimed[**i]
+                && infos[**i]
+                    .module_hash
+                    .is_some_and(|h| entry.matches_hash(&h))
         };
         let by_path = |i: usize| modules[i].as_os_str().as_encoded_bytes() == entry.path.as_slice();
-        let found = (0..modules.len())
-            .find(|&i| !claimed[i] && by_hash(i))
+        let found = entry
+            .hash
+            .and_then(|[_, rest @ ..]| by_hash.get(&rest)?.iter().find(hash_match).copied())
             .or_else(|| (0..modules.len()).find(|&i| !claimed[i] && by_path(i)));
         let Some(i) = found else {
             return Err(NotRemotable {
@@ -184,32 +204,26 @@ pub fn canonical(
     // Content-derived names; identical files at different paths get a suffix. The job's own module
     // is named first, so it always gets the plain name; which of its identical twins gets which
     // suffix cannot matter, as they have the same content.
-    let mut names = vec![String::new(); modules.len()];
-    let mut used: HashMap<String, usize> = HashMap::new();
-    let order = 0..modules.len();
-    for i in order {
-        let hash = digests
-            .get(modules[i])
-            .map(|f| f.digest.hash.clone())
-            .ok_or_else(|| NotRemotable {
-                cause: "planning",
-                detail: format!("{} was not hashed", modules[i].display()),
-            })?;
-        let seen = used.entry(hash.clone()).or_insert(0);
-        names[i] = if *seen == 0 {
+    let mut names = Vec::with_capacity(modules.len());
+    let mut used: HashMap<&str, usize> = HashMap::with_capacity(modules.len());
+    for info in &infos {
+        let hash = info.digest.hash.as_str();
+        let seen = used.entry(hash).or_insert(0);
+        names.push(if *seen == 0 {
             format!("{hash}.o")
         } else {
             format!("{hash}-{seen}.o")
-        };
+        });
         *seen += 1;
     }
     let mut next = matched.iter();
-    let rewritten = bitcode::canonicalize_shard(&shard, |_| {
-        next.next()
-            .map(|&i| names[i].clone().into_bytes())
-            .unwrap_or_default()
-    })
-    .map_err(|e| unreadable(e.to_string()))?;
+    let rewritten = shard
+        .canonicalize(|_| {
+            next.next()
+                .map(|&i| names[i].clone().into_bytes())
+                .unwrap_or_default()
+        })
+        .map_err(|e| unreadable(e.to_string()))?;
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
     for (i, module) in modules.iter().enumerate() {
@@ -370,7 +384,12 @@ mod tests {
     /// Writes the modules and the index shard of `t1.o`'s job in a real COFF link (lld-link 22.1.8:
     /// `t1.o` imports from `t2.o` and from the member `t3.o` of `libt3.lib`) into `dir`, the member
     /// under the name lld-link gave it, and plans the job's canonical layout.
-    fn coff_canonical_layout(dir: &Path, shard: &[u8], member: &str, pid: u32) -> Layout {
+    fn coff_canonical_layout(
+        dir: &Path,
+        shard: &[u8],
+        member: &str,
+        pid: u32,
+    ) -> (Layout, JobFile, FileDigests) {
         let testdata = |name: &str| -> Vec<u8> {
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bitcode/testdata");
             std::fs::read(path.join(name)).unwrap()
@@ -389,15 +408,26 @@ mod tests {
             std::fs::write(&path, content).unwrap();
             inputs.push(path);
         }
+        let output = dir.join(native);
+        let path_arg = |p: &Path| p.to_string_lossy().into_owned();
+        let args = vec![
+            "-c".to_owned(),
+            format!("-fthinlto-index={}", path_arg(&inputs[1])),
+            "-o".to_owned(),
+            path_arg(&output),
+            "-x".to_owned(),
+            "ir".to_owned(),
+            path_arg(&inputs[0]),
+        ];
         let file = JobFile {
             path: "a.json".into(),
-            common_args: vec!["zig".into(), "clang".into()],
+            common_args: vec!["zig".into(), "clang".into(), "-O2".into()],
             common_inputs: vec![],
             jobs: vec![Job {
                 index: 0,
-                args: vec![],
+                args,
                 inputs,
-                outputs: vec![dir.join(native)],
+                outputs: vec![output],
             }],
         };
         let job = &file.jobs[0];
@@ -407,7 +437,8 @@ mod tests {
             &crate::cache::DigestCache::open(None),
         )
         .unwrap();
-        canonical(&file, job, &digests).unwrap()
+        let layout = canonical(&file, job, &digests).unwrap();
+        (layout, file, digests)
     }
 
     #[test]
@@ -420,13 +451,15 @@ mod tests {
             include_bytes!("../bitcode/testdata/coff-t1.thinlto.bc"),
             "libt3.libt3.o158.3.453F.o",
             17727,
-        );
+        )
+        .0;
         let second = coff_canonical_layout(
             &dir.path().join("two"),
             include_bytes!("../bitcode/testdata/coff-t1.relink.thinlto.bc"),
             "again/libt3.libt3.o158.3.4574.o",
             17780,
-        );
+        )
+        .0;
         assert_eq!(first.kind, LayoutKind::Canonical);
         let names = |layout: &Layout| -> Vec<String> {
             layout.inputs.iter().map(|(name, _)| name.clone()).collect()
@@ -439,6 +472,47 @@ mod tests {
                 .all(|n| n.len() == 66 && n.ends_with(".o")),
             "{:?}",
             names(&first)
+        );
+    }
+
+    /// The Action digest of a fixed job is pinned: a change to planning (layout, shard rewrite, input
+    /// tree, Command, Action) that changes any key fails here, so that speed-ups provably keep every
+    /// cache entry valid. If a key must change on purpose, say so in the commit and update the pin.
+    #[test]
+    fn the_action_digest_of_a_fixed_job_is_pinned() {
+        use super::super::action::{ActionOptions, build};
+        use super::super::toolchain::{ModeRequest, Toolchain, ToolchainMode};
+        let dir = tempfile::tempdir().unwrap();
+        let (layout, file, digests) = coff_canonical_layout(
+            &dir.path().join("link"),
+            include_bytes!("../bitcode/testdata/coff-t1.thinlto.bc"),
+            "libt3.libt3.o158.3.453F.o",
+            17727,
+        );
+        // A compiler of fixed content, in worker mode (named on the workers by --remote-compiler).
+        let compiler = dir.path().join("clang");
+        std::fs::write(&compiler, "#!/bin/sh\nexec zig clang \"$@\"\n").unwrap();
+        let common_args = [compiler.to_string_lossy().into_owned()];
+        let request = ModeRequest {
+            toolchain: Some(ToolchainMode::Worker),
+            remote_compiler: Some("/usr/bin/clang"),
+        };
+        let cache = crate::cache::DigestCache::open(None);
+        let (toolchain, _) = Toolchain::resolve(&common_args, request, &cache).unwrap();
+        let options = ActionOptions {
+            toolchain: std::sync::Arc::new(toolchain),
+            toolchain_blobs: std::sync::Arc::new([]),
+            remote_compiler: Some("/usr/bin/clang".to_owned()),
+            platform: vec![("OSFamily".to_owned(), "linux".to_owned())],
+            legacy_output_files: false,
+        };
+        let spec = build(&file, &file.jobs[0], layout, &digests, &options).unwrap();
+        let shown = |d: &crate::reapi::Digest| crate::reapi::digest::display(d).to_string();
+        assert_eq!(
+            shown(&spec.action_digest),
+            "0c74f8e0ec39b09134023938f5c53f8bbd0983f8f319bbdcbfd063dc2fdf4310/253",
+            "{:#?}",
+            spec.parts
         );
     }
 

@@ -34,6 +34,8 @@ pub struct Planner {
     toolchain_warning: Option<String>,
     /// How long identifying the compiler took (`--verbose`; the digest cache makes it cheap).
     toolchain_time: std::time::Duration,
+    /// Why the digest cache file is not used, for the caller to warn about.
+    cache_warning: Option<String>,
 }
 
 impl Planner {
@@ -50,10 +52,15 @@ impl Planner {
         let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
         // One digest cache for the compiler's files and the link's inputs: opened once, shared by
         // both, saved once (a lost save only costs hashing again next time).
-        let cache = tokio::task::spawn_blocking(|| {
-            Arc::new(DigestCache::open(DigestCache::default_file()))
+        let job_file_path = job_file.path.clone();
+        let cache = tokio::task::spawn_blocking(move || {
+            let cache = DigestCache::open(DigestCache::default_file());
+            // lld wrote it just now: the clock of the file system the link's files are on.
+            cache.written_now(&job_file_path);
+            Arc::new(cache)
         })
         .await?;
+        let cache_warning = cache.untrusted().map(str::to_owned);
         let job_file_for_toolchain = job_file.clone();
         let cache_for_toolchain = cache.clone();
         let toolchain = tokio::task::spawn_blocking(move || {
@@ -103,6 +110,7 @@ impl Planner {
             layout: settings.layout,
             toolchain_warning,
             toolchain_time,
+            cache_warning,
         })
     }
 
@@ -124,6 +132,11 @@ impl Planner {
     /// Why the compiler is not uploaded although upload mode was wanted, if so.
     pub fn toolchain_warning(&self) -> Option<&str> {
         self.toolchain_warning.as_deref()
+    }
+
+    /// Why the digest cache file is ignored (another user could write it), if it is.
+    pub fn digest_cache_warning(&self) -> Option<&str> {
+        self.cache_warning.as_deref()
     }
 
     /// The Action of `job`, or why it has none.

@@ -1,7 +1,7 @@
 //! The ActionCache service: GetActionResult (inlining stdout, stderr and named output files on
 //! request) and UpdateActionResult.
 
-use super::context::Context;
+use super::context::{Context, blocking};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, Digest, GetActionResultRequest, UpdateActionResultRequest,
@@ -42,26 +42,29 @@ impl ActionCache for ActionCacheService {
             )
             .await?;
         let action = BlobDigest::required(request.action_digest.as_ref(), "action_digest")?;
-        let mut result =
-            self.0.storage.action_result(&action)?.ok_or_else(|| {
+        let cache = ActionCacheService(self.0.clone());
+        blocking(move || {
+            let mut result = cache.0.storage.action_result(&action)?.ok_or_else(|| {
                 Status::not_found(format!("no cached result for action {action}"))
             })?;
-        if request.inline_stdout {
-            result.stdout_raw = self
-                .inline(result.stdout_digest.as_ref())?
-                .unwrap_or_default();
-        }
-        if request.inline_stderr {
-            result.stderr_raw = self
-                .inline(result.stderr_digest.as_ref())?
-                .unwrap_or_default();
-        }
-        for file in &mut result.output_files {
-            if request.inline_output_files.contains(&file.path) {
-                file.contents = self.inline(file.digest.as_ref())?.unwrap_or_default();
+            if request.inline_stdout {
+                result.stdout_raw = cache
+                    .inline(result.stdout_digest.as_ref())?
+                    .unwrap_or_default();
             }
-        }
-        Ok(Response::new(result))
+            if request.inline_stderr {
+                result.stderr_raw = cache
+                    .inline(result.stderr_digest.as_ref())?
+                    .unwrap_or_default();
+            }
+            for file in &mut result.output_files {
+                if request.inline_output_files.contains(&file.path) {
+                    file.contents = cache.inline(file.digest.as_ref())?.unwrap_or_default();
+                }
+            }
+            Ok(Response::new(result))
+        })
+        .await
     }
 
     async fn update_action_result(
@@ -80,7 +83,11 @@ impl ActionCache for ActionCacheService {
         let result = request
             .action_result
             .ok_or_else(|| Status::invalid_argument("action_result is missing"))?;
-        self.0.storage.put_action_result(&action, &result)?;
-        Ok(Response::new(result))
+        let context = self.0.clone();
+        blocking(move || {
+            context.storage.put_action_result(&action, &result)?;
+            Ok(Response::new(result))
+        })
+        .await
     }
 }

@@ -5,7 +5,7 @@
 //! with `compressed-blobs/zstd/` for `blobs/`: offsets and sizes then count compressed bytes.
 
 use super::compression;
-use super::context::{Context, check_digest_function};
+use super::context::{Context, blocking, check_digest_function};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::digest_function;
 use bazel_remote_apis::google::bytestream::{
@@ -16,15 +16,26 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status, Streaming};
 
 /// Bytes per ReadResponse message.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// How long an interrupted upload is kept for its client to resume it.
+pub const UPLOAD_EXPIRY: Duration = Duration::from_secs(600);
+
+/// What an unfinished upload has sent, and when it last sent something.
+struct Partial {
+    data: Vec<u8>,
+    touched: Instant,
+}
+
 pub struct ByteStreamService {
     context: Arc<Context>,
-    /// Data received so far by unfinished uploads, by resource name.
-    uploads: Mutex<HashMap<String, Vec<u8>>>,
+    /// Data received so far by unfinished uploads, by resource name; each expires
+    /// [`UPLOAD_EXPIRY`] after its last data.
+    uploads: Mutex<HashMap<String, Partial>>,
 }
 
 /// The parts of a resource name this server uses.
@@ -115,10 +126,14 @@ impl ByteStreamService {
         Ok((resource.digest, resource.compressor.is_some()))
     }
 
-    fn uploads(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>>, Status> {
-        self.uploads
+    /// The unfinished uploads, the expired ones gone.
+    fn uploads(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, Partial>>, Status> {
+        let mut uploads = self
+            .uploads
             .lock()
-            .map_err(|_| Status::internal("upload table lock poisoned"))
+            .map_err(|_| Status::internal("upload table lock poisoned"))?;
+        uploads.retain(|_, partial| partial.touched.elapsed() < UPLOAD_EXPIRY);
+        Ok(uploads)
     }
 
     /// Appends the stream's data to `received`, at most `limit` bytes in all; true once a
@@ -193,16 +208,19 @@ impl ByteStream for ByteStreamService {
         {
             return Ok(Response::new(invented));
         }
-        let blob = self
-            .context
-            .storage
-            .blob(digest)?
-            .ok_or_else(|| Status::not_found(format!("blob {digest} is not in the CAS")))?;
-        let mut data = if compressed {
-            compression::encode(&blob)?
-        } else {
-            blob.to_vec()
-        };
+        let (context, wanted) = (self.context.clone(), digest.clone());
+        let mut data = blocking(move || {
+            let blob = context
+                .storage
+                .blob(&wanted)?
+                .ok_or_else(|| Status::not_found(format!("blob {wanted} is not in the CAS")))?;
+            if compressed {
+                compression::encode(&blob)
+            } else {
+                Ok(blob.to_vec())
+            }
+        })
+        .await?;
         if offset > data.len() as u64 {
             return Err(outside());
         }
@@ -269,7 +287,11 @@ impl ByteStream for ByteStreamService {
         } else {
             digest.size
         };
-        let mut received = self.uploads()?.remove(&name).unwrap_or_default();
+        let mut received = self
+            .uploads()?
+            .remove(&name)
+            .map(|partial| partial.data)
+            .unwrap_or_default();
         let cut = self.context.faults.break_write();
         match self
             .receive(first, &mut stream, &mut received, limit, cut)
@@ -278,18 +300,26 @@ impl ByteStream for ByteStreamService {
             Ok(true) => {
                 // A mismatch discards the data: the client must start again.
                 let committed_size = received.len() as i64;
-                let blob = if compressed {
-                    compression::decode(&received, &digest)?
-                } else {
-                    received
-                };
-                self.context.storage.put_blob(&digest, &blob)?;
+                let (context, wanted) = (self.context.clone(), digest.clone());
+                blocking(move || {
+                    let blob = if compressed {
+                        compression::decode(&received, &wanted)?
+                    } else {
+                        received
+                    };
+                    context.storage.put_blob(&wanted, &blob)
+                })
+                .await?;
                 self.context.stats.uploaded(&digest);
                 Ok(Response::new(WriteResponse { committed_size }))
             }
             outcome => {
                 // Keep what arrived so that QueryWriteStatus can report it and the client resume.
-                self.uploads()?.insert(name, received);
+                let partial = Partial {
+                    data: received,
+                    touched: Instant::now(),
+                };
+                self.uploads()?.insert(name, partial);
                 Err(outcome.err().unwrap_or_else(|| {
                     Status::invalid_argument("write stream ended without finish_write")
                 }))
@@ -316,7 +346,7 @@ impl ByteStream for ByteStreamService {
         let committed = self
             .uploads()?
             .get(&name)
-            .map(|data| data.len() as i64)
+            .map(|partial| partial.data.len() as i64)
             .ok_or_else(|| Status::not_found(format!("no upload named {name:?}")))?;
         Ok(Response::new(QueryWriteStatusResponse {
             committed_size: committed,

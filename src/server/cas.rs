@@ -3,7 +3,7 @@
 //! offered: the capabilities do not advertise them, and they answer UNIMPLEMENTED.
 
 use super::compression;
-use super::context::{Context, ok_status, rpc_status};
+use super::context::{Context, blocking, ok_status, rpc_status};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     BatchReadBlobsRequest, BatchReadBlobsResponse, BatchUpdateBlobsRequest,
@@ -102,12 +102,20 @@ impl ContentAddressableStorage for CasService {
                 request.digest_function,
             )
             .await?;
-        let mut missing = Vec::new();
-        for digest in &request.blob_digests {
-            if !self.0.storage.has_blob(&BlobDigest::from_proto(digest)?)? {
-                missing.push(digest.clone());
+        let context = self.0.clone();
+        let missing = blocking(move || {
+            let mut missing = Vec::new();
+            for digest in request.blob_digests {
+                if !context
+                    .storage
+                    .has_blob(&BlobDigest::from_proto(&digest)?)?
+                {
+                    missing.push(digest);
+                }
             }
-        }
+            Ok(missing)
+        })
+        .await?;
         Ok(Response::new(FindMissingBlobsResponse {
             missing_blob_digests: missing,
         }))
@@ -128,22 +136,26 @@ impl ContentAddressableStorage for CasService {
         let total: u64 = request.requests.iter().map(|r| r.data.len() as u64).sum();
         self.check_batch_size(total)?;
         self.0.throttle.receive(total as usize).await;
-        let responses = request
-            .requests
-            .into_iter()
-            .map(|r| {
-                self.0.stats.received(r.data.len());
-                batch_update_blobs_response::Response {
-                    status: Some(
-                        match self.update_one(r.digest.as_ref(), r.data, r.compressor) {
-                            Ok(()) => ok_status(),
-                            Err(e) => rpc_status(&e),
-                        },
-                    ),
-                    digest: r.digest,
-                }
-            })
-            .collect();
+        let cas = CasService(self.0.clone());
+        let responses = blocking(move || {
+            Ok(request
+                .requests
+                .into_iter()
+                .map(|r| {
+                    cas.0.stats.received(r.data.len());
+                    batch_update_blobs_response::Response {
+                        status: Some(
+                            match cas.update_one(r.digest.as_ref(), r.data, r.compressor) {
+                                Ok(()) => ok_status(),
+                                Err(e) => rpc_status(&e),
+                            },
+                        ),
+                        digest: r.digest,
+                    }
+                })
+                .collect())
+        })
+        .await?;
         Ok(Response::new(BatchUpdateBlobsResponse { responses }))
     }
 
@@ -165,22 +177,26 @@ impl ContentAddressableStorage for CasService {
             .map(BlobDigest::from_proto)
             .collect::<Result<Vec<_>, _>>()?;
         self.check_batch_size(digests.iter().map(|d| d.size).fold(0, u64::saturating_add))?;
-        let responses = digests
-            .iter()
-            .map(|digest| {
-                let (data, compressor, status) =
-                    match self.read_one(digest, &request.acceptable_compressors) {
-                        Ok((data, compressor)) => (data, compressor, ok_status()),
-                        Err(e) => (Vec::new(), 0, rpc_status(&e)),
-                    };
-                batch_read_blobs_response::Response {
-                    digest: Some(digest.to_proto()),
-                    data,
-                    compressor,
-                    status: Some(status),
-                }
-            })
-            .collect::<Vec<_>>();
+        let cas = CasService(self.0.clone());
+        let responses = blocking(move || {
+            Ok(digests
+                .iter()
+                .map(|digest| {
+                    let (data, compressor, status) =
+                        match cas.read_one(digest, &request.acceptable_compressors) {
+                            Ok((data, compressor)) => (data, compressor, ok_status()),
+                            Err(e) => (Vec::new(), 0, rpc_status(&e)),
+                        };
+                    batch_read_blobs_response::Response {
+                        digest: Some(digest.to_proto()),
+                        data,
+                        compressor,
+                        status: Some(status),
+                    }
+                })
+                .collect::<Vec<_>>())
+        })
+        .await?;
         let total: usize = responses.iter().map(|r| r.data.len()).sum();
         self.0.throttle.send(total).await;
         Ok(Response::new(BatchReadBlobsResponse { responses }))
@@ -211,7 +227,8 @@ impl ContentAddressableStorage for CasService {
                 .parse::<usize>()
                 .map_err(|_| Status::invalid_argument("malformed page_token"))?
         };
-        let directories = self.walk_tree(&root)?;
+        let cas = CasService(self.0.clone());
+        let directories = blocking(move || cas.walk_tree(&root)).await?;
         if start > directories.len() {
             return Err(Status::invalid_argument(
                 "page_token is past the end of the tree",

@@ -145,3 +145,12 @@ pub fn pack<M: Message>(type_name: &str, message: &M) -> Any {
         value: message.encode_to_vec(),
     }
 }
+
+/// Runs blocking work (disk, hashing, compression) off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("blocking task failed: {e}")))?
+}

@@ -2,8 +2,13 @@
 //! answers from the action cache unless told not to, else queues the action for a worker
 //! (`--workers` run at once) and streams its Operation: QUEUED, EXECUTING, then done with an
 //! ExecuteResponse. WaitExecution re-attaches to an Operation by name, and CancelOperation stops it.
+//!
+//! Identical actions in flight run once: an Execute of an action that is already queued or running
+//! (and not `do_not_cache`) attaches to that Operation and gets the same result, as Buildbarn,
+//! BuildBuddy and NativeLink do. Attached clients share the Operation, its name and its
+//! cancellation.
 
-use super::context::{Context, missing_blobs, ok_status, pack, rpc_status};
+use super::context::{Context, blocking, missing_blobs, ok_status, pack, rpc_status};
 use super::digest::BlobDigest;
 use super::worker::{Finished, Job, Worker, now};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
@@ -46,6 +51,9 @@ pub struct Executor {
     worker: Worker,
     slots: Semaphore,
     operations: Mutex<HashMap<String, Entry>>,
+    /// The Operation of each cacheable action queued or running, by action digest. Locked before
+    /// `operations` when both are.
+    in_flight: Mutex<HashMap<BlobDigest, String>>,
     /// Cancelled at shutdown; every action's token is a child of it.
     shutdown: CancellationToken,
 }
@@ -106,6 +114,7 @@ impl Executor {
             worker,
             slots: Semaphore::new(workers.max(1)),
             operations: Mutex::default(),
+            in_flight: Mutex::default(),
             shutdown,
         }
     }
@@ -129,6 +138,12 @@ impl Executor {
         })
     }
 
+    fn in_flight(&self) -> Result<std::sync::MutexGuard<'_, HashMap<BlobDigest, String>>, Status> {
+        self.in_flight
+            .lock()
+            .map_err(|_| Status::internal("in-flight table lock poisoned"))
+    }
+
     fn entry_state(&self, name: &str) -> Result<watch::Receiver<History>, Status> {
         self.operations()?
             .get(name)
@@ -149,6 +164,7 @@ impl Executor {
         let finished = tokio::select! {
             permit = self.slots.acquire() => match permit {
                 Ok(_permit) => {
+                    self.context.stats.executed();
                     state.send_modify(|history| history.push(stage_operation(&name, &action_digest, execution_stage::Value::Executing)));
                     self.worker.run(job, cancel).await
                 }
@@ -163,15 +179,14 @@ impl Executor {
                     ..Default::default()
                 };
                 // Only complete, successful, cacheable runs enter the action cache.
-                if status.is_none()
-                    && result.exit_code == 0
-                    && !do_not_cache
-                    && let Err(e) = self
-                        .context
-                        .storage
-                        .put_action_result(&action_digest, &result)
-                {
-                    response.status = Some(rpc_status(&e));
+                if status.is_none() && result.exit_code == 0 && !do_not_cache {
+                    let (context, key, value) =
+                        (self.context.clone(), action_digest.clone(), result.clone());
+                    if let Err(e) =
+                        blocking(move || context.storage.put_action_result(&key, &value)).await
+                    {
+                        response.status = Some(rpc_status(&e));
+                    }
                 }
                 let mut result = result;
                 self.context.hostile.lie_about(&mut result);
@@ -183,6 +198,10 @@ impl Executor {
                 ..Default::default()
             },
         };
+        // From here on an identical Execute runs the action again (or finds it cached).
+        if !do_not_cache && let Ok(mut in_flight) = self.in_flight() {
+            in_flight.remove(&action_digest);
+        }
         state.send_modify(|history| history.push(done_operation(&name, &action_digest, &response)));
         tokio::time::sleep(KEEP_FINISHED).await;
         if let Ok(mut operations) = self.operations() {
@@ -209,11 +228,22 @@ impl Execution for ExecutionService {
             .enter("Execute", &request.instance_name, request.digest_function)
             .await?;
         let action_digest = BlobDigest::required(request.action_digest.as_ref(), "action_digest")?;
-        let action: Action = executor.fetch(&action_digest, "Action")?;
-        let command_digest =
-            BlobDigest::required(action.command_digest.as_ref(), "command_digest")?;
-        let command: Command = executor.fetch(&command_digest, "Command")?;
-        executor.context.check_platform(&action, &command)?;
+        let (reading, key) = (executor.clone(), action_digest.clone());
+        let skip_cache_lookup = request.skip_cache_lookup;
+        let (action, command, cached) = blocking(move || {
+            let action: Action = reading.fetch(&key, "Action")?;
+            let command_digest =
+                BlobDigest::required(action.command_digest.as_ref(), "command_digest")?;
+            let command: Command = reading.fetch(&command_digest, "Command")?;
+            reading.context.check_platform(&action, &command)?;
+            let cached = if skip_cache_lookup {
+                None
+            } else {
+                reading.context.storage.action_result(&key)?
+            };
+            Ok((action, command, cached))
+        })
+        .await?;
         let name = if executor.context.instance_name.is_empty() {
             format!("operations/{}", uuid::Uuid::new_v4())
         } else {
@@ -224,9 +254,7 @@ impl Execution for ExecutionService {
             )
         };
 
-        if !request.skip_cache_lookup
-            && let Some(result) = executor.context.storage.action_result(&action_digest)?
-        {
+        if let Some(result) = cached {
             let response = ExecuteResponse {
                 result: Some(result),
                 cached_result: true,
@@ -237,26 +265,47 @@ impl Execution for ExecutionService {
             return Ok(Response::new(stream::iter([Ok(done)]).boxed()));
         }
 
-        let queued = stage_operation(&name, &action_digest, execution_stage::Value::Queued);
-        let (sender, state) = watch::channel(vec![queued]);
-        let cancel = executor.shutdown.child_token();
-        executor.operations()?.insert(
-            name.clone(),
-            Entry {
-                state: state.clone(),
-                cancel: cancel.clone(),
-            },
-        );
-        let job = Job {
-            action,
-            command,
-            queued: now(),
+        let do_not_cache = action.do_not_cache;
+        let state = {
+            let mut in_flight = executor.in_flight()?;
+            let running = match in_flight.get(&action_digest) {
+                Some(running) if !do_not_cache => executor.entry_state(running).ok(),
+                _ => None,
+            };
+            match running {
+                Some(state) => {
+                    executor.context.stats.merged();
+                    state
+                }
+                None => {
+                    let queued =
+                        stage_operation(&name, &action_digest, execution_stage::Value::Queued);
+                    let (sender, state) = watch::channel(vec![queued]);
+                    let cancel = executor.shutdown.child_token();
+                    executor.operations()?.insert(
+                        name.clone(),
+                        Entry {
+                            state: state.clone(),
+                            cancel: cancel.clone(),
+                        },
+                    );
+                    if !do_not_cache {
+                        in_flight.insert(action_digest.clone(), name.clone());
+                    }
+                    let job = Job {
+                        action,
+                        command,
+                        queued: now(),
+                    };
+                    tokio::spawn(
+                        executor
+                            .clone()
+                            .drive(name, action_digest, job, sender, cancel),
+                    );
+                    state
+                }
+            }
         };
-        tokio::spawn(
-            executor
-                .clone()
-                .drive(name, action_digest, job, sender, cancel),
-        );
 
         let operations = follow(state, 0);
         if executor.context.faults.drop_execute_stream() {

@@ -2,7 +2,8 @@
 //! fetched and checked before anything is written: every entry name must be a single path
 //! component, unique in its directory, symlink targets must be relative, and every blob must be
 //! present (missing ones are all reported at once, so that the client can upload them and retry).
-//! Big files are hard links to shared copies ([`SharedFiles`]), the rest are written.
+//! Big files are hard links to shared copies ([`SharedFiles`]) where actions cannot write those;
+//! the rest, and everything where they could, are written afresh for each action.
 
 use super::context::missing_blobs;
 use super::digest::BlobDigest;
@@ -104,10 +105,11 @@ fn fetch_tree(
     Ok(tree)
 }
 
-/// Writes the input root `root` into the existing, empty directory `dir`.
+/// Writes the input root `root` into the existing, empty directory `dir`, linking big files to
+/// `shared` copies when given.
 pub fn materialize(
     storage: &Storage,
-    shared: &SharedFiles,
+    shared: Option<&SharedFiles>,
     root: &BlobDigest,
     dir: &Path,
 ) -> Result<(), Status> {
@@ -130,7 +132,9 @@ pub fn materialize(
         for file in &directory.files {
             let target = path.join(&file.name);
             let blob = BlobDigest::required(file.digest.as_ref(), "file node digest")?;
-            if blob.size >= LINK_THRESHOLD {
+            if let Some(shared) = shared
+                && blob.size >= LINK_THRESHOLD
+            {
                 shared.place(storage, &blob, file.is_executable, &target)?;
                 continue;
             }

@@ -8,6 +8,7 @@
 //! This file holds the command line and the wiring; each service lives in its own module.
 
 mod action_cache;
+mod action_dir;
 mod auth;
 mod bytestream;
 mod capabilities;
@@ -40,6 +41,7 @@ use clap::Args;
 use futures::StreamExt as _;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,11 +58,13 @@ const MESSAGE_OVERHEAD: usize = 1 << 20;
 pub struct ServeArgs {
     /// Address to listen on: HOST:PORT (port 0 picks a free one) or unix:///PATH. The first line
     /// printed on stdout is `listening on grpc://HOST:PORT` (or `listening on unix:///PATH`).
-    #[arg(long, default_value = "127.0.0.1:0", value_name = "ADDR")]
-    pub listen: String,
+    /// [default: a unix socket in a new directory only this user can enter, so that only this
+    /// user (and root) can connect]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
 
     /// Accept a --listen address other than loopback. The server has no authentication and runs
-    /// whatever actions it is sent: anyone who can reach the address can run commands as this user.
+    /// whatever actions it is sent: anyone who can reach the address can run actions.
     #[arg(long)]
     pub allow_remote_clients: bool,
 
@@ -85,6 +89,13 @@ pub struct ServeArgs {
     /// action's mount namespace). Repeatable. Fails at start-up where namespaces are unavailable.
     #[arg(long, value_name = "DIR")]
     pub hide: Vec<PathBuf>,
+
+    /// When the server runs as root, let actions (unprivileged uids of their own) read DIR although
+    /// a directory above it is closed to them, such as root's home: in each action's mount
+    /// namespace, the first such directory is covered by an empty tmpfs in which only DIR appears.
+    /// For compilers run from their host path (--toolchain=worker). Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub readable: Vec<PathBuf>,
 
     /// Largest total of blob bytes in one BatchUpdateBlobs or BatchReadBlobs; advertised in the
     /// capabilities and enforced. Larger blobs must go through ByteStream.
@@ -275,6 +286,18 @@ enum Listen {
     Unix(PathBuf),
 }
 
+/// The default listener: a socket in a new directory that only this user can enter (mode 0700),
+/// so that other local users cannot connect (a unix socket's permissions are those of the path to
+/// it). The directory goes when the returned guard is dropped.
+fn private_socket() -> anyhow::Result<(PathBuf, tempfile::TempDir)> {
+    let dir = tempfile::Builder::new()
+        .prefix("dtlto-reapi-serve-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("cannot create a private directory for the server's socket")?;
+    Ok((dir.path().join("serve.sock"), dir))
+}
+
 fn parse_listen(listen: &str) -> anyhow::Result<Listen> {
     if let Some(path) = listen.strip_prefix("unix://") {
         anyhow::ensure!(
@@ -322,7 +345,22 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
             (dir.path().canonicalize()?, Some(dir))
         }
     };
-    let isolation = isolation::Isolation::new(&args.hide, &work_root)?;
+    let (listen, socket_dir) = match &args.listen {
+        Some(listen) => (parse_listen(listen)?, None),
+        None => {
+            let (path, dir) = private_socket()?;
+            (Listen::Unix(path), Some(dir))
+        }
+    };
+    // The server's own state is none of the actions' business.
+    let mut private: Vec<PathBuf> = args.cas_dir.iter().cloned().collect();
+    private.extend(socket_dir.as_ref().map(|dir| dir.path().to_path_buf()));
+    let isolation = isolation::Isolation::new(&args.hide, &args.readable, &private, &work_root)?;
+    if isolation.own_ids() {
+        // Actions, running as other users, must reach their own directories inside.
+        std::fs::set_permissions(&work_root, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("cannot open up {}", work_root.display()))?;
+    }
     let context = Arc::new(context::Context {
         instance_name: args.instance_name.clone(),
         storage: storage::Storage::open(args.cas_dir.as_deref())?,
@@ -357,11 +395,21 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
     let shutdown = CancellationToken::new();
+    // Actions with the server's rights on files could write a shared copy: they get their own.
+    let shared = if isolation.actions_are_server_user() {
+        None
+    } else {
+        Some(shared_files::SharedFiles::new(
+            work_root.join("shared-inputs"),
+        )?)
+    };
+    let first_id = isolation::FIRST_ACTION_ID;
     let worker = worker::Worker {
         context: context.clone(),
-        shared: shared_files::SharedFiles::new(work_root.join("shared-inputs"))?,
+        shared,
         work_root,
         isolation,
+        ids: std::sync::Mutex::new((first_id..).take(workers.max(1)).collect()),
         name: format!("dtlto-reapi-serve@{}", std::process::id()),
     };
     let executor = Arc::new(execution::Executor::new(
@@ -416,7 +464,7 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
     });
     let stopped = shutdown.clone().cancelled_owned();
 
-    let served = match parse_listen(&args.listen)? {
+    let served = match listen {
         Listen::Tcp(address) => {
             let resolved = tcp_addresses(&address, args.allow_remote_clients).await?;
             let listener = tokio::net::TcpListener::bind(&resolved[..])

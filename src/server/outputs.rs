@@ -18,6 +18,59 @@ use tonic::Status;
 /// Deepest output directory tree collected; deeper ones are refused rather than recursed into.
 const MAX_DEPTH: usize = 256;
 
+/// The most bytes of output files one action may leave; more is an action error.
+pub const MAX_OUTPUT_BYTES: u64 = 1 << 30;
+
+/// The most files, directories and symlinks one action's outputs may hold; more is an action
+/// error.
+pub const MAX_OUTPUT_ENTRIES: u64 = 100_000;
+
+/// What is left of an action's output allowance.
+struct Budget {
+    bytes: u64,
+    entries: u64,
+}
+
+impl Budget {
+    /// Takes one entry of `bytes` bytes (`path` for the error).
+    fn take(&mut self, path: &Path, bytes: u64) -> Result<(), Status> {
+        if self.entries == 0 {
+            return Err(Status::invalid_argument(format!(
+                "the action's outputs hold more than {MAX_OUTPUT_ENTRIES} files, directories and \
+                 symlinks (at {}), more than this server collects",
+                path.display()
+            )));
+        }
+        if bytes > self.bytes {
+            return Err(Status::invalid_argument(format!(
+                "the action's output files hold more than {MAX_OUTPUT_BYTES} bytes (at {}), more \
+                 than this server collects",
+                path.display()
+            )));
+        }
+        self.entries -= 1;
+        self.bytes -= bytes;
+        Ok(())
+    }
+}
+
+/// The content of the file at `path`, which may hold at most `cap` bytes (`what` names it in
+/// the error): more is an action error, and no more than `cap` + 1 bytes are ever read.
+pub fn read_capped(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>, Status> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    let mut data = Vec::new();
+    file.take(cap.saturating_add(1))
+        .read_to_end(&mut data)
+        .map_err(|e| io_error(path, e))?;
+    if data.len() as u64 > cap {
+        return Err(Status::invalid_argument(format!(
+            "the action's {what} holds more than {cap} bytes, more than this server collects"
+        )));
+    }
+    Ok(data)
+}
+
 /// One output as the Command names it, and where it is relative to the action's root.
 pub struct OutputPath {
     pub name: String,
@@ -83,13 +136,18 @@ fn io_error(path: &Path, e: std::io::Error) -> Status {
     Status::internal(format!("cannot collect output {}: {e}", path.display()))
 }
 
-fn upload_file(storage: &Storage, path: &Path) -> Result<(BlobDigest, bool), Status> {
-    let data = std::fs::read(path).map_err(|e| io_error(path, e))?;
-    let mode = std::fs::metadata(path)
-        .map_err(|e| io_error(path, e))?
-        .permissions()
-        .mode();
-    Ok((storage.add_blob(&data)?, mode & 0o111 != 0))
+fn upload_file(
+    storage: &Storage,
+    path: &Path,
+    budget: &mut Budget,
+) -> Result<(BlobDigest, bool), Status> {
+    let meta = std::fs::metadata(path).map_err(|e| io_error(path, e))?;
+    budget.take(path, meta.len())?;
+    let data = read_capped(path, meta.len(), "output file")?;
+    Ok((
+        storage.add_blob(&data)?,
+        meta.permissions().mode() & 0o111 != 0,
+    ))
 }
 
 fn read_link(path: &Path) -> Result<String, Status> {
@@ -107,6 +165,7 @@ fn collect_directory(
     path: &Path,
     children: &mut Vec<Directory>,
     depth: usize,
+    budget: &mut Budget,
 ) -> Result<Directory, Status> {
     if depth > MAX_DEPTH {
         return Err(Status::internal(format!(
@@ -129,6 +188,9 @@ fn collect_directory(
             ))
         })?;
         let kind = entry.file_type().map_err(|e| io_error(&entry_path, e))?;
+        if !kind.is_file() {
+            budget.take(&entry_path, 0)?;
+        }
         if kind.is_symlink() {
             directory.symlinks.push(SymlinkNode {
                 name,
@@ -136,7 +198,7 @@ fn collect_directory(
                 ..Default::default()
             });
         } else if kind.is_dir() {
-            let child = collect_directory(storage, &entry_path, children, depth + 1)?;
+            let child = collect_directory(storage, &entry_path, children, depth + 1, budget)?;
             let digest = storage.add_blob(&child.encode_to_vec())?;
             children.push(child);
             directory.directories.push(DirectoryNode {
@@ -144,7 +206,7 @@ fn collect_directory(
                 digest: Some(digest.to_proto()),
             });
         } else if kind.is_file() {
-            let (digest, is_executable) = upload_file(storage, &entry_path)?;
+            let (digest, is_executable) = upload_file(storage, &entry_path, budget)?;
             directory.files.push(FileNode {
                 name,
                 digest: Some(digest.to_proto()),
@@ -158,13 +220,18 @@ fn collect_directory(
 }
 
 /// Uploads what the action left at each output path into `result`. Missing outputs are skipped,
-/// as the REAPI specifies; the client decides whether that is an error.
+/// as the REAPI specifies; the client decides whether that is an error. More than
+/// [`MAX_OUTPUT_BYTES`] or [`MAX_OUTPUT_ENTRIES`] in all is an action error.
 pub fn collect(
     storage: &Storage,
     root: &Path,
     outputs: &[OutputPath],
     result: &mut ActionResult,
 ) -> Result<(), Status> {
+    let budget = &mut Budget {
+        bytes: MAX_OUTPUT_BYTES,
+        entries: MAX_OUTPUT_ENTRIES,
+    };
     for output in outputs {
         if !parents_are_real(root, &output.rel) {
             continue;
@@ -181,7 +248,7 @@ pub fn collect(
             });
         } else if meta.is_dir() {
             let mut children = Vec::new();
-            let root_directory = collect_directory(storage, &path, &mut children, 0)?;
+            let root_directory = collect_directory(storage, &path, &mut children, 0, budget)?;
             children.sort_by_key(|child| BlobDigest::of(&child.encode_to_vec()));
             children.dedup();
             let root_digest = storage.add_blob(&root_directory.encode_to_vec())?;
@@ -196,7 +263,7 @@ pub fn collect(
                 ..Default::default()
             });
         } else if meta.is_file() {
-            let (digest, is_executable) = upload_file(storage, &path)?;
+            let (digest, is_executable) = upload_file(storage, &path, budget)?;
             result.output_files.push(OutputFile {
                 path: output.name.clone(),
                 digest: Some(digest.to_proto()),

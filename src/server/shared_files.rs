@@ -6,10 +6,17 @@
 //! file system, so links work), read-only, and linked from there. A link shares its mode with every
 //! other link of the file, hence one copy per executable bit. Small files are written directly:
 //! for them a link saves nothing.
+//!
+//! Sharing is safe only because no action can write a shared copy: the server uses it only when
+//! actions run as uids of their own (the server is root), to which the copies (root's, mode 0444
+//! or 0555) are read-only. A copy found on disk from an earlier run (`--work-dir`) is checked
+//! against its digest the first time this process hands it out.
 
+use std::collections::HashSet;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use tonic::Status;
 
@@ -23,6 +30,8 @@ pub const LINK_THRESHOLD: u64 = 1 << 20;
 #[derive(Debug, Clone)]
 pub struct SharedFiles {
     dir: PathBuf,
+    /// The copies this process wrote or checked: known to hold their blob.
+    known: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl SharedFiles {
@@ -30,7 +39,42 @@ impl SharedFiles {
     pub fn new(dir: PathBuf) -> anyhow::Result<SharedFiles> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
-        Ok(SharedFiles { dir })
+        // Actions reach their links, never this directory (which would list other clients' big
+        // inputs).
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| anyhow::anyhow!("cannot protect {}: {e}", dir.display()))?;
+        Ok(SharedFiles {
+            dir,
+            known: Arc::default(),
+        })
+    }
+
+    /// Whether `shared`, the copy of `blob` with `mode`, is known to this process or checks out:
+    /// read-only, the server's, holding the blob. A copy that does not is removed.
+    fn trusted(&self, shared: &Path, blob: &BlobDigest, mode: u32) -> Result<bool, Status> {
+        let mut known = self
+            .known
+            .lock()
+            .map_err(|_| Status::internal("shared input lock poisoned"))?;
+        if known.contains(shared) {
+            return Ok(true);
+        }
+        let Ok(meta) = std::fs::symlink_metadata(shared) else {
+            return Ok(false);
+        };
+        // SAFETY: geteuid cannot fail.
+        let owner = unsafe { libc::geteuid() };
+        let sound = meta.is_file()
+            && meta.uid() == owner
+            && meta.mode() & 0o7777 == mode
+            && std::fs::read(shared).is_ok_and(|data| BlobDigest::of(&data) == *blob);
+        if sound {
+            known.insert(shared.to_path_buf());
+        } else {
+            // Best effort: a copy that cannot be removed fails the persist below, clearly.
+            let _ = std::fs::remove_file(shared);
+        }
+        Ok(sound)
     }
 
     /// Creates `target` with the content of `blob` and the executable bit `executable`: a hard link
@@ -51,7 +95,8 @@ impl SharedFiles {
         let io = |path: &Path, e: std::io::Error| {
             Status::internal(format!("cannot materialize {}: {e}", path.display()))
         };
-        if !shared.exists() {
+        let mode = if executable { 0o555 } else { 0o444 };
+        if !self.trusted(&shared, blob, mode)? {
             let data = storage.blob(blob)?.ok_or_else(|| {
                 super::context::missing_blobs(
                     "the input root is incomplete",
@@ -60,12 +105,14 @@ impl SharedFiles {
             })?;
             let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).map_err(|e| io(&shared, e))?;
             tmp.write_all(&data).map_err(|e| io(&shared, e))?;
-            let mode = if executable { 0o555 } else { 0o444 };
             tmp.as_file()
                 .set_permissions(std::fs::Permissions::from_mode(mode))
                 .map_err(|e| io(&shared, e))?;
             // Another action may have written it meanwhile: either copy is the same blob.
             tmp.persist(&shared).map_err(|e| io(&shared, e.error))?;
+            if let Ok(mut known) = self.known.lock() {
+                known.insert(shared.clone());
+            }
         }
         if std::fs::hard_link(&shared, target).is_ok() {
             return Ok(());
@@ -80,7 +127,6 @@ impl SharedFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn links_one_copy_per_executable_bit() {
@@ -103,9 +149,26 @@ mod tests {
             b"big enough in spirit"
         );
 
+        // A copy left by an earlier run that no longer holds its blob is replaced.
+        let copy = dir
+            .path()
+            .join("shared")
+            .join(format!("{}-{}-r", blob.hash, blob.size));
+        std::fs::remove_file(&copy).unwrap();
+        std::fs::write(&copy, b"tampered in spirit!!").unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let fresh = SharedFiles::new(dir.path().join("shared")).unwrap();
+        fresh
+            .place(&storage, &blob, false, &dir.path().join("c"))
+            .unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("c")).unwrap(),
+            b"big enough in spirit"
+        );
+
         let absent = BlobDigest::of(b"never stored");
         let err = shared
-            .place(&storage, &absent, false, &dir.path().join("c"))
+            .place(&storage, &absent, false, &dir.path().join("d"))
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     }

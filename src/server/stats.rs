@@ -1,6 +1,6 @@
 //! What clients sent and fetched, counted by the server itself so that tests and benchmarks can
-//! check a client's transfers independently of the client's own figures (`--stats-json FILE`,
-//! written when the server exits).
+//! check a client's transfers independently of the client's own figures, and how many actions
+//! actually ran (`--stats-json FILE`, written when the server exits).
 
 use super::digest::BlobDigest;
 use std::collections::HashSet;
@@ -15,6 +15,8 @@ pub struct Stats {
     bytes_received: AtomicU64,
     bytes_sent: AtomicU64,
     connections: AtomicU64,
+    executions: AtomicU64,
+    merged_executions: AtomicU64,
 }
 
 /// The JSON `--stats-json` writes.
@@ -31,6 +33,13 @@ struct Totals {
     blob_bytes_sent: u64,
     /// Connections accepted (TCP or unix socket; each carries any number of HTTP/2 calls).
     connections: u64,
+    /// Actions the workers actually ran.
+    executions: u64,
+    /// Execute calls that attached to an identical action already queued or running instead of
+    /// running it again.
+    merged_executions: u64,
+    /// The server process's peak resident memory (its own, not its actions').
+    peak_rss_bytes: u64,
 }
 
 impl Stats {
@@ -58,6 +67,16 @@ impl Stats {
         self.connections.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A worker started running an action.
+    pub fn executed(&self) {
+        self.executions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An Execute attached to an identical action in flight.
+    pub fn merged(&self) {
+        self.merged_executions.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Writes the totals as JSON to `path`.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let totals = Totals {
@@ -66,8 +85,25 @@ impl Stats {
             blob_bytes_received: self.bytes_received.load(Ordering::Relaxed),
             blob_bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
             connections: self.connections.load(Ordering::Relaxed),
+            executions: self.executions.load(Ordering::Relaxed),
+            merged_executions: self.merged_executions.load(Ordering::Relaxed),
+            peak_rss_bytes: peak_rss_bytes(),
         };
         std::fs::write(path, serde_json::to_vec_pretty(&totals)?)
             .map_err(|e| anyhow::anyhow!("cannot write --stats-json {}: {e}", path.display()))
     }
+}
+
+/// This process's peak resident memory, from getrusage (0 if unknown).
+fn peak_rss_bytes() -> u64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return 0;
+        }
+        usage
+    };
+    // Linux reports KiB.
+    u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024
 }

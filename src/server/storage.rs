@@ -1,9 +1,13 @@
 //! Where blobs and action results live: in memory by default, or under `--cas-dir` so that they
 //! survive a restart. Both stores are maps from a digest to bytes; the CAS verifies every blob
-//! against its digest before storing it, so nothing unverified is ever served.
+//! against its digest before storing it, and every blob it reads from disk again (a file under
+//! `--cas-dir` may have been changed behind its back), so nothing unverified is ever served: a
+//! file that no longer matches is removed and the blob reported missing, for clients to upload
+//! again.
 //!
-//! Disk access is synchronous: blobs are small relative to a test machine's page cache and the
-//! server is for tests and single machines, so the simplicity is worth the brief blocking.
+//! Access is synchronous (disk reads, writes and hashing): the services call the storage from
+//! blocking threads ([`super::context::blocking`]), never from the async ones, except for the
+//! existence checks (a `stat`) of ByteStream writes.
 
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
@@ -46,6 +50,20 @@ impl Store {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(Status::internal(format!("cannot read {key}: {e}"))),
             },
+        }
+    }
+
+    /// Forgets `key` (best effort).
+    fn remove(&self, key: &BlobDigest) {
+        match self {
+            Store::Memory(map) => {
+                if let Ok(mut map) = map.write() {
+                    map.remove(key);
+                }
+            }
+            Store::Disk(dir) => {
+                let _ = std::fs::remove_file(Self::file(dir, key));
+            }
         }
     }
 
@@ -101,13 +119,25 @@ impl Storage {
         self.cas.contains(digest)
     }
 
-    /// The blob's bytes, if present.
+    /// The blob's bytes, if present (and, on disk, still matching its digest).
     pub fn blob(&self, digest: &BlobDigest) -> Result<Option<Arc<[u8]>>, Status> {
         if digest.size == 0 {
             // Every empty blob reads as empty, but only the digest of no bytes is valid.
             return Ok((*digest == BlobDigest::of(&[])).then(|| Arc::from(&[][..])));
         }
-        self.cas.get(digest)
+        let data = self.cas.get(digest)?;
+        if let Store::Disk(dir) = &self.cas
+            && let Some(found) = &data
+            && BlobDigest::of(found) != *digest
+        {
+            eprintln!(
+                "dtlto-reapi serve: {} no longer holds blob {digest}: removed it",
+                dir.display()
+            );
+            self.cas.remove(digest);
+            return Ok(None);
+        }
+        Ok(data)
     }
 
     /// Stores `data` under `digest` after checking that it matches (INVALID_ARGUMENT if not).
@@ -175,5 +205,11 @@ mod tests {
             Some(&b"hello"[..])
         );
         assert!(reopened.has_blob(&BlobDigest::of(b"")).expect("has empty"));
+
+        // A file changed behind the store's back is not served, and goes.
+        let file = dir.path().join("cas").join(format!("{}-5", good.hash));
+        std::fs::write(&file, b"jello").expect("tamper");
+        assert_eq!(reopened.blob(&good).expect("get"), None);
+        assert!(!reopened.has_blob(&good).expect("has"));
     }
 }

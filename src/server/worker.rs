@@ -3,7 +3,8 @@
 //! Action's timeout, outputs and stdout/stderr uploaded, the directory removed. The result carries
 //! the exit code and every ExecutedActionMetadata timestamp.
 
-use super::context::Context;
+use super::action_dir::{ActionDir, give_directories};
+use super::context::{Context, blocking};
 use super::digest::BlobDigest;
 use super::inputs::materialize;
 use super::isolation::Isolation;
@@ -16,7 +17,7 @@ use bazel_remote_apis::google::protobuf::Timestamp;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -38,10 +39,29 @@ pub fn now() -> Timestamp {
 pub struct Worker {
     pub context: Arc<Context>,
     pub work_root: PathBuf,
-    /// Where big input files are kept once, to be linked into each action's directory.
-    pub shared: SharedFiles,
+    /// Where big input files are kept once, to be linked into each action's directory; `None`
+    /// when actions have the server's rights on files (they could write a shared copy), so that
+    /// each action gets copies of its own.
+    pub shared: Option<SharedFiles>,
     pub isolation: Isolation,
+    /// The uids (and gids) free for the next action, when actions run as ids of their own: one
+    /// per worker slot, so that no two running actions share one.
+    pub ids: Mutex<Vec<u32>>,
     pub name: String,
+}
+
+/// An action's ids, given back to the worker when the action is over.
+struct Ids<'a> {
+    id: u32,
+    free: &'a Mutex<Vec<u32>>,
+}
+
+impl Drop for Ids<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut free) = self.free.lock() {
+            free.push(self.id);
+        }
+    }
 }
 
 /// An action to run, with its Command already fetched.
@@ -103,25 +123,6 @@ fn check_command(command: &Command) -> Result<(), Status> {
     Ok(())
 }
 
-/// Runs blocking filesystem work off the async threads.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| Status::internal(format!("worker task failed: {e}")))?
-}
-
-/// Kills the whole process group the command ran in, stray background children included.
-fn kill_group(pid: Option<u32>) {
-    if let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) {
-        // SAFETY: kill has no memory effects; the group may already be gone (ESRCH), which is fine.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    }
-}
-
 impl Worker {
     pub async fn run(&self, job: Job, cancel: CancellationToken) -> Result<Finished, Status> {
         let mut metadata = ExecutedActionMetadata {
@@ -138,11 +139,11 @@ impl Worker {
         let input_root =
             BlobDigest::required(job.action.input_root_digest.as_ref(), "input_root_digest")?;
         let layout = Arc::new(outputs::plan(&job.command)?);
+        // Held until the action's directory is gone: no other action gets these ids before.
+        let ids = self.take_ids()?;
+        let owner = ids.as_ref().map(|ids| ids.id);
 
-        let dir = tempfile::Builder::new()
-            .prefix("action-")
-            .tempdir_in(&self.work_root)
-            .map_err(|e| Status::internal(format!("cannot create an action directory: {e}")))?;
+        let dir = ActionDir::create(&self.work_root)?;
         let root = dir.path().join("root");
         metadata.input_fetch_start_timestamp = Some(now());
         let (context, shared, input_dir, input_layout) = (
@@ -154,8 +155,12 @@ impl Worker {
         blocking(move || {
             std::fs::create_dir(&input_dir)
                 .map_err(|e| Status::internal(format!("cannot create the input root: {e}")))?;
-            materialize(&context.storage, &shared, &input_root, &input_dir)?;
-            outputs::prepare(&input_dir, &input_layout)
+            materialize(&context.storage, shared.as_ref(), &input_root, &input_dir)?;
+            outputs::prepare(&input_dir, &input_layout)?;
+            match owner {
+                Some(id) => give_directories(&input_dir, id),
+                None => Ok(()),
+            }
         })
         .await?;
         metadata.input_fetch_completed_timestamp = Some(now());
@@ -168,6 +173,7 @@ impl Worker {
                 dir.path(),
                 timeout,
                 &cancel,
+                owner.unwrap_or_default(),
             )
             .await?;
         metadata.execution_completed_timestamp = Some(now());
@@ -197,7 +203,25 @@ impl Worker {
         Ok(Finished { result, status })
     }
 
-    /// Runs the command in `cwd`, its stdout and stderr going to files in `dir`.
+    /// An action's ids when actions run as ids of their own.
+    fn take_ids(&self) -> Result<Option<Ids<'_>>, Status> {
+        if !self.isolation.own_ids() {
+            return Ok(None);
+        }
+        let id = self
+            .ids
+            .lock()
+            .map_err(|_| Status::internal("action id lock poisoned"))?
+            .pop()
+            .ok_or_else(|| Status::internal("more actions running than worker slots"))?;
+        Ok(Some(Ids {
+            id,
+            free: &self.ids,
+        }))
+    }
+
+    /// Runs the command in `cwd` as `id` (uid and gid, when actions run as ids of their own), its
+    /// stdout and stderr going to files in `dir`.
     async fn execute(
         &self,
         command: &Command,
@@ -205,6 +229,7 @@ impl Worker {
         dir: &Path,
         timeout: Option<Duration>,
         cancel: &CancellationToken,
+        id: u32,
     ) -> Result<Ending, Status> {
         let stream = |name: &str| {
             std::fs::File::create(dir.join(name))
@@ -232,7 +257,7 @@ impl Worker {
             )
             .process_group(0)
             .kill_on_drop(true);
-        self.isolation.apply(&mut process);
+        self.isolation.apply(&mut process, (id, id));
         let mut child = match spawn(&mut process).await {
             Ok(child) => child,
             Err(e) => {
@@ -261,9 +286,11 @@ impl Worker {
             () = deadline => Ending::TimedOut,
             () = cancel.cancelled() => Ending::Cancelled,
         };
-        kill_group(pid);
-        if !matches!(ending, Ending::Exited(_)) {
-            // Reap the killed process; its status no longer matters.
+        let running = !matches!(ending, Ending::Exited(_));
+        self.isolation.stop(pid, running);
+        if running {
+            // Reap the stopped action; its status no longer matters. Once it is reaped, nothing
+            // of the action runs any more.
             let _ = child.wait().await;
         }
         Ok(ending)
@@ -291,28 +318,24 @@ async fn spawn(process: &mut tokio::process::Command) -> std::io::Result<tokio::
     }
 }
 
+/// The most bytes an action's stdout, and its stderr, may hold; more is an action error.
+pub const MAX_STREAM_BYTES: u64 = 64 << 20;
+
 /// Uploads outputs, stdout and stderr, then removes the action's directory.
 fn collect(
     context: &Context,
     root: &Path,
     outputs: &[OutputPath],
-    dir: tempfile::TempDir,
+    dir: ActionDir,
 ) -> Result<ActionResult, Status> {
     let mut result = ActionResult::default();
     outputs::collect(&context.storage, root, outputs, &mut result)?;
     let upload = |name: &str| {
-        let data = std::fs::read(dir.path().join(name))
-            .map_err(|e| Status::internal(format!("cannot read the action's {name}: {e}")))?;
+        let data = outputs::read_capped(&dir.path().join(name), MAX_STREAM_BYTES, name)?;
         context.storage.add_blob(&data).map(|d| Some(d.to_proto()))
     };
     result.stdout_digest = upload("stdout")?;
     result.stderr_digest = upload("stderr")?;
-    let path = dir.path().to_path_buf();
-    dir.close().map_err(|e| {
-        Status::internal(format!(
-            "cannot remove the action directory {}: {e}",
-            path.display()
-        ))
-    })?;
+    dir.remove()?;
     Ok(result)
 }

@@ -802,6 +802,11 @@ impl Server {
         S: AsRef<OsStr>,
     {
         let mut cmd = serve_process::command(args);
+        // A server running as root runs actions as users of their own, who cannot enter root's
+        // home, where the toolchain may be: let them read it (links with --toolchain=worker).
+        if let Some(toolchain) = toolchain().bin.parent() {
+            cmd.arg("--readable").arg(toolchain);
+        }
         cmd.stderr(Stdio::piped());
         let mut child = cmd
             .spawn()

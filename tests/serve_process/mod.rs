@@ -15,16 +15,25 @@ pub mod isolation;
 pub const STARTUP: Duration = Duration::from_secs(30);
 
 /// `dtlto-reapi serve ARGS` with stdin closed and stdout piped (its first line is the address);
-/// stderr is the caller's choice.
+/// stderr is the caller's choice. Unless ARGS choose a listener (`--listen`, or `--default-listen`
+/// for the server's own default, a unix socket in a private directory), the server listens on
+/// loopback TCP: the tests talk to it as to a remote cluster.
 pub fn command<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    let args: Vec<S> = args.into_iter().collect();
+    let listen = args.iter().map(AsRef::as_ref).find(|a| {
+        a.to_str()
+            .is_some_and(|a| a.starts_with("--listen") || a == "--default-listen")
+    });
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"));
-    isolation::isolate(&mut cmd)
-        .arg("serve")
-        .args(args)
+    isolation::isolate(&mut cmd).arg("serve");
+    if listen.is_none() {
+        cmd.arg("--listen=127.0.0.1:0");
+    }
+    cmd.args(args.iter().filter(|a| a.as_ref() != "--default-listen"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     cmd

@@ -20,7 +20,7 @@ use bazel_remote_apis::google::bytestream::{
     byte_stream_client::ByteStreamClient,
 };
 use bazel_remote_apis::google::longrunning::{
-    Operation, operation, operations_client::OperationsClient,
+    CancelOperationRequest, Operation, operation, operations_client::OperationsClient,
 };
 use bazel_remote_apis::google::protobuf::Duration;
 use futures::StreamExt;
@@ -258,6 +258,17 @@ impl Server {
         skip_cache_lookup: bool,
     ) -> (Vec<Operation>, ExecuteResponse) {
         finish(self.execute_stream(action, skip_cache_lookup).await).await
+    }
+
+    /// Cancels the operation `name` and waits for it to end; returns the final ExecuteResponse.
+    pub async fn cancel(&self, name: &str) -> ExecuteResponse {
+        self.operations()
+            .cancel_operation(CancelOperationRequest {
+                name: name.to_owned(),
+            })
+            .await
+            .expect("CancelOperation");
+        self.wait_execution(name).await.1
     }
 
     /// Runs WaitExecution on the operation `name` to the end; returns every Operation seen and the
