@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::jobs::Job;
 use crate::plan::digests::HashingStats;
 use crate::reapi::TransferStats;
-use crate::stats::{JobRecord, Ran, StatsFile, Status, ToolchainReport};
+use crate::stats::{JobRecord, Ran, Side, StatsFile, Status, ToolchainReport};
 
 /// What the run's end reports besides the job records.
 #[derive(Debug, Default)]
@@ -203,7 +203,8 @@ pub fn per_link_file(path: &Path, job_file: &Path, kind: &str) -> PathBuf {
 }
 
 /// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`,
-/// with `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded, and
+/// with `; races won 2 local, 4 remote` after where the jobs ran when any job raced the cluster,
+/// `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded, and
 /// `; on the wire 0.6 MB up, 1.1 MB down` after the logical bytes when they differ (compression).
 fn summary_line(
     records: &[JobRecord],
@@ -243,6 +244,22 @@ fn summary_line(
     }
     detail.push(format!("{} local", ran(Ran::Local)));
     let mut detail = detail.join(", ");
+    let won = |side: Side| {
+        records
+            .iter()
+            .filter(|r| {
+                r.race
+                    .as_ref()
+                    .is_some_and(|race| race.winner == Some(side))
+            })
+            .count()
+    };
+    let (local_wins, remote_wins) = (won(Side::Local), won(Side::Remote));
+    if local_wins + remote_wins > 0 {
+        detail.push_str(&format!(
+            "; races won {local_wins} local, {remote_wins} remote"
+        ));
+    }
     if let Some(t) = transfers {
         detail.push_str(&format!(
             "; {} up",
@@ -329,6 +346,18 @@ mod tests {
         assert!(
             summary_line(&records, Some(&transfers), 0, Duration::from_millis(10))
                 .contains("; 1.5 MB up, 0.0 MB down; on the wire 0.7 MB up, 0.0 MB down)")
+        );
+        // Races won each way.
+        let mut raced = records.clone();
+        for (record, winner) in raced.iter_mut().zip([Some(Side::Local), None]) {
+            record.race = Some(crate::stats::Race {
+                winner,
+                ..Default::default()
+            });
+        }
+        assert!(
+            summary_line(&raced, Some(&transfers), 0, Duration::from_millis(10))
+                .contains("2 local; races won 1 local, 0 remote; 1.5 MB up")
         );
     }
 }

@@ -31,6 +31,16 @@ pub enum Mode {
     CacheOnly,
 }
 
+/// How remote mode uses the local cores while the cluster runs the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// The cluster runs every job (locally only what it cannot run, with --local-fallback).
+    Remote,
+    /// The local compile slots race the jobs the cluster has not finished; the first result wins.
+    Racing,
+}
+
 /// Whether blobs travel zstd-compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -67,6 +77,7 @@ pub struct Settings {
     /// Variables of this environment that every compile gets (and every Action key holds).
     pub pass_env: Vec<String>,
     pub remote_jobs: usize,
+    pub strategy: Strategy,
     pub remote_timeout: u64,
     pub remote_execute_timeout: u64,
     pub remote_retries: u32,
@@ -152,6 +163,7 @@ impl Settings {
             toolchain: layers.toolchain,
             pass_env: layers.pass_env.unwrap_or_default(),
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
+            strategy: layers.strategy.unwrap_or(Strategy::Racing),
             remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
             remote_execute_timeout: layers
                 .remote_execute_timeout
@@ -396,6 +408,13 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_REMOTE_JOBS", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_jobs: Option<usize>,
+
+    /// In remote mode: remote (the cluster runs every job) or racing (action cache first, then the
+    /// local compile slots race the jobs the cluster has not finished; the first result wins)
+    /// [default: racing]
+    #[arg(long, env = "DTLTO_REAPI_STRATEGY", value_name = "STRATEGY")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
 
     /// Deadline of each remote call, in seconds, retries included [default: 60]
     #[arg(long, env = "DTLTO_REAPI_REMOTE_TIMEOUT", value_name = "SECONDS")]

@@ -71,6 +71,29 @@ pub struct JobRecord {
     /// What the job's Action is made of, when it had one (`dtlto-reapi explain` compares them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parts: Option<ActionParts>,
+    /// Its race, with `--strategy=racing` when the action cache did not have it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub race: Option<Race>,
+}
+
+/// A job's race between the cluster and a local compile: who ran it, who won, how long each side
+/// ran (the loser: until it was cancelled).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Race {
+    /// The side whose result the job has; none when neither delivered (a failure, an interrupt).
+    pub winner: Option<Side>,
+    /// How long the local compile ran; none when it never had a slot.
+    pub local_ms: Option<u64>,
+    /// How long the cluster had the job.
+    pub remote_ms: Option<u64>,
+}
+
+/// A side of a race.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Side {
+    Local,
+    Remote,
 }
 
 /// Times reported by the cluster in ExecutedActionMetadata.
@@ -98,6 +121,7 @@ impl JobRecord {
             layout: None,
             remote: None,
             parts: None,
+            race: None,
         }
     }
 }

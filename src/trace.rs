@@ -10,6 +10,9 @@
 //! (queued, input fetch, executing, output upload) on the worker's own tracks, one lane per action
 //! running at the same time on that worker.
 //!
+//! With `--strategy=racing` the local compile and the cluster's phases of a job overlap on its
+//! track, inside a "race" span whose arguments name the winner and how long each side ran.
+//!
 //! The executor marks a phase with one line, `let _phase = trace::phase("upload");`: the job being
 //! traced is a task-local of the job's task (set by [`Scope::run`]), so no handle is threaded through the
 //! executor, and without `--trace` a phase costs one task-local lookup.
@@ -240,6 +243,17 @@ pub fn phase(name: &'static str) -> Option<Phase> {
         })
         .ok()
         .flatten()
+}
+
+/// A phase of the current job that began at `since` and ends now, with `args` saying how it went
+/// (a race: who won, how long each side ran); nothing when the job is not traced.
+pub fn phase_since(name: &'static str, since: Instant, args: Value) {
+    let _ = CURRENT.try_with(|track| {
+        if let Some(track) = track {
+            let mut phase = Phase::start(track, name.to_owned(), "phase", args);
+            phase.started = since;
+        }
+    });
 }
 
 /// A phase of the link itself (before its jobs run), on the "link" track; nothing without a trace.

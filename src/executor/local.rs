@@ -155,6 +155,11 @@ pub async fn run_job(
             output,
         };
     }
+    // Cancelled while the compiler was exiting (a race the cluster just won): its outputs must not
+    // replace the winner's.
+    if cancel.is_cancelled() {
+        return LocalOutcome::Cancelled;
+    }
     match staged.commit() {
         Ok(()) => LocalOutcome::Succeeded { output },
         Err(e) => LocalOutcome::Failed {

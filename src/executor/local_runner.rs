@@ -1,26 +1,28 @@
 //! Local compiles as a step of a job's run: at most `--jobs` at once whatever the run's overall
-//! concurrency (remote modes run many more jobs at once than this machine has cores), each one's end
-//! turned into an [`Outcome`]; and the ActionResult that stands for a local compile in the caches.
+//! concurrency (remote modes run many more jobs at once than this machine has cores), handed out by
+//! `slots` (compiles that must run first, then races), each one's end turned into an [`Outcome`]; and the ActionResult that stands for a local compile in the caches.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     ActionResult, ExecutedActionMetadata, OutputFile,
 };
-use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use super::context::RunContext;
 use super::local::{self, LocalOutcome, LocalSetup};
 use super::outcome::{self, Outcome};
+use super::slots::{Claim, Slots};
 use super::{child, reaper};
 use crate::jobs::Job;
 use crate::reapi::Digest;
 use crate::stats::{JobRecord, Ran};
 use crate::trace;
 
-/// Local compiles, at most `--jobs` at once.
+/// Local compiles, at most `--jobs` at once; `slots` decides which waiting compile goes next.
 pub struct LocalRunner {
-    slots: Semaphore,
+    slots: Arc<Slots>,
     setup: LocalSetup,
     spawner: child::Spawner,
 }
@@ -29,7 +31,7 @@ impl LocalRunner {
     /// Must be called within the run's runtime (it starts the thread that forks the compiles).
     pub fn new(jobs: usize, setup: LocalSetup) -> std::io::Result<LocalRunner> {
         Ok(LocalRunner {
-            slots: Semaphore::new(jobs.max(1)),
+            slots: Slots::new(jobs),
             setup,
             spawner: child::Spawner::new(Some(reaper::command()))?,
         })
@@ -38,9 +40,28 @@ impl LocalRunner {
     /// Runs one job locally and turns the outcome into its record, showing the compiler's output
     /// (which is also returned, for the caches to store).
     pub async fn run(&self, ctx: &RunContext, job: Job) -> (JobRecord, Vec<u8>) {
-        let Ok(_slot) = self.slots.acquire().await else {
-            let cancelled = Outcome::Cancelled { ran: Ran::Local };
-            return outcome::record(ctx, &job, cancelled, Duration::ZERO);
+        match self.compile(ctx, &job, Claim::Needed, &ctx.cancel).await {
+            Some((ended, wall)) => outcome::record(ctx, &job, ended, wall),
+            None => {
+                let cancelled = Outcome::Cancelled { ran: Ran::Local };
+                outcome::record(ctx, &job, cancelled, Duration::ZERO)
+            }
+        }
+    }
+
+    /// Compiles one job locally once a slot is free for `claim`, stopping when `cancel` is
+    /// cancelled: how it ended and how long the compile ran, or None when it was cancelled before
+    /// it had a slot. Nothing is shown: the caller decides what the outcome means.
+    pub(super) async fn compile(
+        &self,
+        ctx: &RunContext,
+        job: &Job,
+        claim: Claim,
+        cancel: &CancellationToken,
+    ) -> Option<(Outcome, Duration)> {
+        let _slot = tokio::select! {
+            slot = self.slots.take(claim) => slot?,
+            () = cancel.cancelled() => return None,
         };
         let started = Instant::now();
         let _phase = trace::phase("local compile");
@@ -48,11 +69,10 @@ impl LocalRunner {
             format!(
                 "{}: running locally: {}",
                 job.label(),
-                ctx.job_file.command(&job).join(" ")
+                ctx.job_file.command(job).join(" ")
             )
         });
-        let ended =
-            local::run_job(&ctx.job_file, &job, &self.setup, &self.spawner, &ctx.cancel).await;
+        let ended = local::run_job(&ctx.job_file, job, &self.setup, &self.spawner, cancel).await;
         let wall = started.elapsed();
         let outcome = match ended {
             LocalOutcome::Succeeded { output } => Outcome::Succeeded {
@@ -79,7 +99,7 @@ impl LocalRunner {
             }
             LocalOutcome::Cancelled => Outcome::Cancelled { ran: Ran::Local },
         };
-        outcome::record(ctx, &job, outcome, wall)
+        Some((outcome, wall))
     }
 }
 

@@ -5,7 +5,8 @@
 //! interrupt); `runner` composes the steps a job may go through as the settings ask — the disk
 //! cache (`disk_cache`), the cluster or its action cache (`remote`, with `uploads`), a local
 //! compile (`local_runner` around `local` and `child`, whose compilers die with the distributor by
-//! way of `reaper`); and `outcome` turns how a job ended into its record and the lines the user
+//! way of `reaper`, in the order `slots` decides); with `--strategy=racing`, the cluster and a local
+//! compile at once (`racing`); and `outcome` turns how a job ended into its record and the lines the user
 //! sees.
 
 mod child;
@@ -14,10 +15,12 @@ mod disk_cache;
 mod local;
 mod local_runner;
 mod outcome;
+mod racing;
 pub mod reaper;
 pub mod remote;
 mod runner;
 mod scheduler;
+mod slots;
 mod uploads;
 
 pub use context::RunContext;

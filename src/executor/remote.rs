@@ -5,7 +5,8 @@
 //! Execute → download and verify the outputs into staged names → move them into place. A job whose
 //! remote run fails for infrastructure reasons runs locally (with `--local-fallback`), with one
 //! warning per cause rather than per job. In cache-only mode a miss compiles locally and the result
-//! is stored in the remote cache.
+//! is stored in the remote cache. With `--strategy=racing` a miss also races a local compile
+//! (`racing`), using the steps here: the lookup, the execution, storing a local result.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,12 +19,13 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
 use super::context::RunContext;
 use super::local_runner::{LocalRunner, local_action_result};
 use super::outcome::{self, Outcome};
+use super::racing::Health;
 use super::uploads::Uploads;
 use crate::advice;
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
-use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError};
-use crate::settings::{Compression, Mode, Settings};
+use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, Stage};
+use crate::settings::{Compression, Mode, Settings, Strategy};
 use crate::staging::StagedOutputs;
 use crate::stats::{JobRecord, Ran, ServerTimes, Status};
 use crate::trace;
@@ -31,11 +33,15 @@ use crate::trace;
 /// Shared by every job of a remote or cache-only run.
 pub struct RemoteExecutor {
     client: Client,
-    local_fallback: bool,
+    pub(super) local_fallback: bool,
     /// Remote (execute on the cluster) or cache-only (compile locally, share through the cache).
     mode: Mode,
-    /// Cache-only mode: store the results of local compiles in the remote cache.
+    /// Remote mode: whether local compiles race the cluster.
+    strategy: Strategy,
+    /// Cache-only mode and racing: store the results of local compiles in the remote cache.
     upload_results: bool,
+    /// Racing: whether the cluster is still worth racing.
+    pub(super) health: Health,
     /// The blobs this run uploads, each once however many jobs need it.
     uploads: Uploads,
     /// Set once the toolchain's files are in the CAS (upload mode), so they are sent once per link.
@@ -53,7 +59,7 @@ pub struct ToolchainUpload {
 }
 
 /// Why a job did not finish remotely.
-enum RemoteFailure {
+pub(super) enum RemoteFailure {
     /// The compiler ran remotely and failed: the job fails, as it would locally.
     Compile { exit_code: i32, stderr: Vec<u8> },
     /// The cluster could not run it (unreachable, overloaded, corrupt data...).
@@ -136,7 +142,9 @@ impl RemoteExecutor {
                 client.endpoint()
             );
         }
-        if mode == Mode::CacheOnly && settings.remote_upload && !caps.ac_update_enabled {
+        let racing = mode == Mode::Remote && settings.strategy == Strategy::Racing;
+        let stores_local_results = mode == Mode::CacheOnly || racing;
+        if stores_local_results && settings.remote_upload && !caps.ac_update_enabled {
             ctx.reporter.warn_once(
                 "read-only-cache",
                 &format!(
@@ -147,12 +155,14 @@ impl RemoteExecutor {
             );
         }
         Ok(RemoteExecutor {
-            upload_results: mode == Mode::CacheOnly
+            upload_results: stores_local_results
                 && settings.remote_upload
                 && caps.ac_update_enabled,
             client,
             local_fallback: settings.local_fallback,
             mode,
+            strategy: settings.strategy,
+            health: Health::new(settings.jobs),
             uploads: Uploads::default(),
             toolchain_present: tokio::sync::OnceCell::new(),
             toolchain_bytes: AtomicU64::new(0),
@@ -191,12 +201,13 @@ impl RemoteExecutor {
             action_id: spec.action_digest.hash.clone(),
             target_id: job.module().to_string_lossy().into_owned(),
         };
-        match self.mode {
-            Mode::CacheOnly => {
+        match (self.mode, self.strategy) {
+            (Mode::CacheOnly, _) => {
                 self.run_cache_only(ctx, job, spec, &call, local, started)
                     .await
             }
-            _ => self.run_remote(ctx, job, spec, &call, local, started).await,
+            (_, Strategy::Racing) => self.run_racing(ctx, job, spec, &call, local, started).await,
+            (_, Strategy::Remote) => self.run_remote(ctx, job, spec, &call, local, started).await,
         }
     }
 
@@ -286,16 +297,32 @@ impl RemoteExecutor {
             return outcome::record(ctx, &job, hit, started.elapsed());
         }
         let (record, output) = local.run(ctx, job).await;
-        if record.status == Status::Succeeded && self.upload_results {
-            let store = self.store_result(spec, &output, call);
-            if let Some(Err(e)) = ctx.cancel.run_until_cancelled(store).await {
-                ctx.reporter.warn_once(
-                    "cache-upload",
-                    &format!("cannot store results in the remote cache ({e})"),
-                );
-            }
+        if record.status == Status::Succeeded {
+            self.store_local_result(ctx, spec, &output, call).await;
         }
         (record, output)
+    }
+
+    /// Stores the result of a successful local compile in the remote cache, so the next link
+    /// anywhere finds it — unless the cache is read-only to this link (`--remote-upload=false`, or
+    /// a server that refuses updates). A failure is one warning, never a failed job.
+    pub(super) async fn store_local_result(
+        &self,
+        ctx: &RunContext,
+        spec: &ActionSpec,
+        output: &[u8],
+        call: &CallContext,
+    ) {
+        if !self.upload_results {
+            return;
+        }
+        let store = self.store_result(spec, output, call);
+        if let Some(Err(e)) = ctx.cancel.run_until_cancelled(store).await {
+            ctx.reporter.warn_once(
+                "cache-upload",
+                &format!("cannot store results in the remote cache ({e})"),
+            );
+        }
     }
 
     /// Cache-only mode: the job's outputs from the remote action cache, in place, and the compiler's
@@ -364,6 +391,21 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Result<(Ran, ActionResult, Option<ServerTimes>), RemoteFailure> {
+        if let Some(result) = self.lookup(job, spec, call).await? {
+            let times = result.execution_metadata.as_ref().map(ServerTimes::of);
+            return Ok((Ran::ActionCache, result, times));
+        }
+        self.execute(job, spec, call, || {}).await
+    }
+
+    /// The job's result from the action cache, its outputs in place; None on a miss (a cached
+    /// result whose blobs have expired is as good as one).
+    pub(super) async fn lookup(
+        &self,
+        job: &Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+    ) -> Result<Option<ActionResult>, RemoteFailure> {
         let lookup = trace::phase("action-cache lookup");
         let cached = self
             .client
@@ -372,19 +414,37 @@ impl RemoteExecutor {
         drop(lookup);
         if let Some(result) = cached
             && result.exit_code == 0
+            && self.materialize(job, spec, &result, call).await.is_ok()
         {
-            // A cached result whose blobs have expired is as good as a miss.
-            if self.materialize(job, spec, &result, call).await.is_ok() {
-                let times = result.execution_metadata.as_ref().map(ServerTimes::of);
-                return Ok((Ran::ActionCache, result, times));
-            }
+            return Ok(Some(result));
         }
+        Ok(None)
+    }
+
+    /// Uploads what the job's Action needs, executes it on the cluster and puts its outputs in
+    /// place; `executing` is called when the cluster reports that a worker runs it.
+    pub(super) async fn execute(
+        &self,
+        job: &Job,
+        spec: &ActionSpec,
+        call: &CallContext,
+        mut executing: impl FnMut() + Send,
+    ) -> Result<(Ran, ActionResult, Option<ServerTimes>), RemoteFailure> {
+        let mut on_stage = |stage: Stage| {
+            if stage == Stage::Executing {
+                executing();
+            }
+        };
         let upload = trace::phase("upload");
         self.upload_toolchain(spec, call).await?;
         self.uploads.ensure(&self.client, &spec.blobs, call).await?;
         drop(upload);
         let execution = trace::phase("remote execution");
-        let response = match self.client.execute(&spec.action_digest, false, call).await {
+        let response = match self
+            .client
+            .execute_with_progress(&spec.action_digest, false, call, &mut on_stage)
+            .await
+        {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked (the toolchain's too, maybe): send them
                 // again, once.
@@ -397,7 +457,7 @@ impl RemoteExecutor {
                 self.uploads.forget(all.iter().map(|b| b.digest.clone()));
                 self.uploads.ensure(&self.client, &all, call).await?;
                 self.client
-                    .execute(&spec.action_digest, false, call)
+                    .execute_with_progress(&spec.action_digest, false, call, &mut on_stage)
                     .await
                     .map_err(not_executed)?
             }
@@ -531,7 +591,7 @@ impl RemoteExecutor {
     }
 
     /// The compiler's stderr (and stdout) from an action result, inline or from the CAS.
-    async fn stderr_of(&self, result: &ActionResult, call: &CallContext) -> Vec<u8> {
+    pub(super) async fn stderr_of(&self, result: &ActionResult, call: &CallContext) -> Vec<u8> {
         let mut text = self
             .stream(&result.stderr_raw, result.stderr_digest.as_ref(), call)
             .await;

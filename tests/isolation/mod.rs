@@ -1,7 +1,7 @@
 //! Tests never see the developer's own dtlto-reapi files. Every command a test starts that runs
 //! `dtlto-reapi` (directly, as `serve`, or through clang, lld, a build system or the link wrapper)
 //! gets a private `HOME`, `XDG_CACHE_HOME` and `XDG_CONFIG_HOME` of this test process, and none of
-//! the developer's `DTLTO_REAPI_*` variables: a test neither reads nor writes the real digest cache,
+//! the developer's `DTLTO_REAPI_*` variables (but `DTLTO_REAPI_STRATEGY=remote`, see [`isolate`]): a test neither reads nor writes the real digest cache,
 //! disk cache or config file, and a developer's `DTLTO_REAPI_REMOTE` cannot turn a local test remote.
 //!
 //! Tools found through the real home stay found: `CARGO_HOME` and `RUSTUP_HOME` are pinned to the
@@ -44,5 +44,8 @@ pub fn isolate(cmd: &mut Command) -> &mut Command {
             cmd.env_remove(name);
         }
     }
+    // Tests check where each job ran, which a race leaves to timing: remote mode runs every job on
+    // the cluster unless a test asks for `--strategy=racing` (the command line beats this).
+    cmd.env("DTLTO_REAPI_STRATEGY", "remote");
     cmd
 }

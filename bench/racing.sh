@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Racing against local mode and remote-only, in one run, in three scenarios:
+#   slow      a busy cluster: `serve --workers 1 --fault-slow Execute=$SLOW_MS`
+#   distant   a far cluster: `serve --workers $JOBS --throttle-latency-ms $LATENCY_MS
+#             --throttle-bandwidth $BANDWIDTH`
+#   relink    an edit of one module relinked with lld's --thinlto-cache-dir warm, so that only the
+#             affected jobs reach the distributor; the cluster near (loopback, $JOBS workers) and
+#             already holding the rest of the project
+# and three variants in each: local (no cluster), remote (--strategy=remote) and racing
+# (--strategy=racing), interleaved round by round so that a change in machine load hits each alike.
+# Each scenario's server is started once and first given the compiler (a one-module link), so the
+# links measure compiles, not the compiler's one-time upload; in `slow` and `distant` each link adds
+# a backend flag of its own (-DBENCH_LINK=n, which changes nothing in the objects) so that its
+# actions are new to the cluster, and in `relink` each link edits the module anew.
+# Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
+# remote, and where racing's jobs ended (won locally / won remotely / cache hits). Fails unless
+# every program prints what the local one prints.
+#
+# Environment: MODULES (60), FUNCTIONS per module (16), JOBS (nproc), RUNS (2), SLOW_MS (1500),
+# LATENCY_MS (50), BANDWIDTH (20Mbit), SCENARIOS ("slow distant relink").
+set -euo pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
+source "$root/bench/project.sh"
+modules=${MODULES:-60}
+functions=${FUNCTIONS:-16}
+jobs=${JOBS:-$(nproc)}
+runs=${RUNS:-2}
+slow_ms=${SLOW_MS:-1500}
+latency=${LATENCY_MS:-50}
+bandwidth=${BANDWIDTH:-20Mbit}
+scenarios=${SCENARIOS:-slow distant relink}
+out=$root/bench/out/racing
+project=$out/project
+
+generate_project
+cd "$project"
+trap stop_server EXIT
+: >"$out/times.tsv"
+link_count=0
+
+# link SCENARIO VARIANT LABEL [flags...]: one link of the project in VARIANT (local, remote or
+# racing), timed and recorded as LABEL, its stats kept.
+link() {
+    local scenario=$1 variant=$2 label=$3
+    shift 3
+    link_count=$((link_count + 1))
+    local name=$scenario-$variant stats=$out/$scenario-$variant-$link_count.stats.json
+    local args=("${compiler_flags[@]}" -fthinlto-distributor="$distributor"
+        -Xthinlto-distributor=--jobs="$jobs" -Xthinlto-distributor=--stats-json="$stats")
+    case $variant in
+        local) ;;
+        *) args+=(-Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy="$variant") ;;
+    esac
+    local start=$EPOCHREALTIME
+    "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
+        "${args[@]}" "$@" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
+    local end=$EPOCHREALTIME
+    python3 - "$stats" "$scenario" "$label" "$(python3 -c "print($end - $start)")" >>"$out/times.tsv" <<'PY'
+import json, os, sys
+path, scenario, variant, wall = sys.argv[1:]
+jobs = json.load(open(path))["jobs"] if os.path.exists(path) else []
+won = lambda side: sum(1 for j in jobs if (j.get("race") or {}).get("winner") == side)
+hits = sum(1 for j in jobs if j["ran"] == "action-cache")
+print(scenario, variant, wall, len(jobs), won("local"), won("remote"), hits, sep="\t")
+PY
+    if [[ $variant == local ]]; then
+        cp "$name" "$scenario.expected"
+    elif [[ -e $scenario.expected && $("./$name") != "$("./$scenario.expected")" ]]; then
+        say "$name prints something else than local mode's program"
+        exit 1
+    fi
+}
+
+# prime: the server gets the compiler, with a one-module program linked through it.
+prime() {
+    mkdir -p "$out/prime" && cp m0000.c "$out/prime/one.c"
+    sed -i 's/^long entry1(long);$//; s/\^ entry1(x + 1)//' "$out/prime/one.c"
+    printf 'long entry0(long);\nint main(void) { return (int)entry0(1) & 1; }\n' >"$out/prime/main.c"
+    (cd "$out/prime" && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" one.c main.c -o one \
+        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" \
+        >"$out/prime.log" 2>&1) || { cat "$out/prime.log" >&2; exit 1; }
+}
+
+edited=$(printf 'm%04d' $((modules / 2)))
+edits=0
+# edit: a new version of one module in the middle of the import chain, recompiled.
+edit() {
+    edits=$((edits + 1))
+    sed -i '/^int bench_edit = /d' "$edited.c"
+    echo "int bench_edit = $edits;" >>"$edited.c"
+    "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c "$edited.c" -o "$edited.o"
+}
+
+say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
+for scenario in $scenarios; do
+    case $scenario in
+        # start_server gives the server $jobs workers: one here.
+        slow) local_jobs=$jobs; jobs=1; start_server --fault-slow "Execute=$slow_ms"; jobs=$local_jobs ;;
+        distant) start_server --throttle-latency-ms "$latency" --throttle-bandwidth "$bandwidth" ;;
+        relink) start_server ;;
+        *) say "unknown scenario $scenario"; exit 1 ;;
+    esac
+    prime
+    if [[ $scenario == relink ]]; then
+        # lld's cache and the cluster's both warm with the whole project.
+        cache=$out/lld-cache && rm -rf "$cache"
+        link relink remote warmup -Wl,--thinlto-cache-dir="$cache"
+    fi
+    for round in $(seq "$runs"); do
+        for variant in local remote racing; do
+            if [[ $scenario == relink ]]; then
+                edit
+                link relink "$variant" "$variant" -Wl,--thinlto-cache-dir="$cache"
+            else
+                link "$scenario" "$variant" "$variant" "-Wl,--thinlto-remote-compiler-arg=-DBENCH_LINK=$link_count"
+            fi
+        done
+        say "$scenario: round $round of $runs done"
+    done
+    stop_server
+done
+say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+echo "$modules modules x $functions functions, --jobs=$jobs, best of $runs; slow: 1 worker, Execute held ${slow_ms} ms;" \
+    "distant: $jobs workers, ${latency} ms per call, $bandwidth; relink: $edited edited, lld cache warm, $jobs workers"
+python3 - "$out/times.tsv" <<'PY'
+import collections, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    scenario, variant, wall, jobs, won_local, won_remote, hits = line.split("\t")
+    if variant != "warmup":
+        rows[(scenario, variant)].append((float(wall), int(jobs), int(won_local), int(won_remote), int(hits)))
+print(f"{'scenario':<9}{'variant':<8}{'link s':>8}{'jobs':>6}{'/ faster of local, remote':>27}{'races won local/remote':>24}{'cache hits':>12}")
+for scenario in dict.fromkeys(s for s, _ in rows):
+    best = {v: min(rows[(scenario, v)]) for v in ("local", "remote", "racing") if (scenario, v) in rows}
+    faster = min(best[v][0] for v in ("local", "remote") if v in best)
+    for variant, (wall, jobs, won_local, won_remote, hits) in best.items():
+        races = f"{won_local}/{won_remote}" if variant == "racing" else "-"
+        print(f"{scenario:<9}{variant:<8}{wall:>8.2f}{jobs:>6}{wall / faster:>27.3f}{races:>24}{hits:>12}")
+PY

@@ -1,0 +1,198 @@
+//! `--strategy=racing` against `dtlto-reapi serve`: the local compile slots race the jobs the
+//! cluster has not finished, the first result wins, the loser is cancelled and leaves nothing.
+//!
+//! Who wins is made certain rather than timed: a cluster whose Execute is held for ten minutes
+//! loses every race; a compiler wrapper that sleeps for ten minutes when it can see the project's
+//! directory — which the server hides from its actions — loses every local side. The wrapper also
+//! records each local compile's pid in the project, so a test can tell whether any started.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Linked, Project, Server, Stats, chain_project, ran_only};
+
+/// The project's files whose names mark them as staged outputs (`.NAME.dtlto-PID-XXXX.tmp`).
+fn staged_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().contains(".dtlto-") {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// A compiler wrapper outside `project` that runs the toolchain's compiler; when it runs where it
+/// can see `project` (a local compile, not an action of a server that hides it), it records its pid
+/// in `local-compiles` there and, while `slow-local` exists there, sleeps for ten minutes first.
+fn wrapper(project: &Project, dir: &Path) -> PathBuf {
+    let tools = common::toolchain();
+    let project_dir = project.dir().display().to_string();
+    let script = format!(
+        "#!/bin/sh\nif [ -d '{project_dir}' ]; then\n  echo $$ >> '{project_dir}/local-compiles'\n  \
+         if [ -e '{project_dir}/slow-local' ]; then sleep 600; fi\nfi\nexec '{}' {} \"$@\"\n",
+        tools.compiler.display(),
+        tools.compiler_prepend
+    );
+    let path = dir.join("wrapped-clang");
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The pids the wrapper recorded for local compiles.
+fn local_compiles(project: &Project) -> Vec<i32> {
+    fs::read_to_string(project.dir().join("local-compiles"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Links `project` with `compiler` through `server` with `--strategy=racing --jobs=2` and `extra`.
+fn racing_link(
+    project: &Project,
+    output: &str,
+    compiler: &Path,
+    server: &Server,
+    extra: &[&str],
+) -> (Linked, Stats) {
+    let linked = project
+        .link(output)
+        .compiler(compiler, &[])
+        .remote(server.url())
+        .distributor_args(["--strategy=racing", "--jobs=2"])
+        .distributor_args(extra)
+        .stats_json()
+        .save_temps()
+        .run();
+    linked.assert_success();
+    let stats = linked.stats();
+    (linked, stats)
+}
+
+/// Each job's race winner (`local`, `remote`, or `-` for a job without a race).
+fn winners(stats: &Stats) -> Vec<String> {
+    stats
+        .jobs()
+        .iter()
+        .map(|j| j["race"]["winner"].as_str().unwrap_or("-").to_owned())
+        .collect()
+}
+
+/// The same project linked in local mode with the same compiler: the objects to compare with.
+fn local_objects(project: &Project, compiler: &Path) -> Vec<Vec<u8>> {
+    let local = project
+        .link("local/app")
+        .compiler(compiler, &[])
+        .save_temps()
+        .run();
+    local.assert_success();
+    local.native_object_contents()
+}
+
+#[test]
+fn against_a_cluster_too_slow_to_finish_the_local_side_wins_and_teaches_the_cache() {
+    let (project, expected) = chain_project(4);
+    let tools = tempfile::tempdir().unwrap();
+    let compiler = wrapper(&project, tools.path());
+    let hide = project.dir().display().to_string();
+    // One worker, every Execute held for ten minutes: only local compiles can finish.
+    let server = Server::start([
+        "--hide",
+        &hide,
+        "--workers",
+        "1",
+        "--fault-slow",
+        "Execute=600000",
+    ]);
+    let linked = project
+        .link("racing/app")
+        .compiler(&compiler, &[])
+        .remote(server.url())
+        .distributor_args(["--strategy=racing", "--jobs=2"])
+        .stats_json()
+        .save_temps()
+        .run();
+    linked.assert_success();
+    assert_eq!(linked.run_program(), expected);
+    let stats = linked.stats();
+    assert_eq!(stats.ran(), ran_only("local", 5), "{stats}");
+    assert_eq!(winners(&stats), vec!["local"; 5], "{stats}");
+    for job in stats.jobs() {
+        // The remote side ran as long as the race, then was cancelled.
+        assert!(job["race"]["remote_ms"].is_u64(), "{stats}");
+    }
+    assert_eq!(staged_files(project.dir()), Vec::<PathBuf>::new());
+    let racing_objects = linked.native_object_contents();
+    assert_eq!(racing_objects, local_objects(&project, &compiler));
+
+    // The local winners were stored in the action cache: a relink is all hits and starts no
+    // local compile (nor waits on the held Execute).
+    let compiled = local_compiles(&project).len();
+    let (relinked, again) = racing_link(&project, "again/app", &compiler, &server, &[]);
+    assert_eq!(relinked.run_program(), expected);
+    assert_eq!(again.ran(), ran_only("action-cache", 5), "{again}");
+    assert_eq!(winners(&again), vec!["-"; 5], "{again}");
+    assert_eq!(local_compiles(&project).len(), compiled);
+}
+
+#[test]
+fn against_a_slow_local_side_the_cluster_wins_and_the_local_compiles_are_killed() {
+    let (project, expected) = chain_project(4);
+    let tools = tempfile::tempdir().unwrap();
+    let compiler = wrapper(&project, tools.path());
+    let hide = project.dir().display().to_string();
+    let server = Server::start(["--hide", &hide, "--workers", "1"]);
+    fs::write(project.dir().join("slow-local"), "").unwrap();
+    let (linked, stats) = racing_link(&project, "racing/app", &compiler, &server, &[]);
+    assert_eq!(linked.run_program(), expected);
+    assert_eq!(stats.ran(), ran_only("remote", 5), "{stats}");
+    assert_eq!(winners(&stats), vec!["remote"; 5], "{stats}");
+    // Every local compile that started (sleeping in the wrapper) was terminated with its group.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for pid in local_compiles(&project) {
+        // SAFETY: signal 0 only checks whether the process exists.
+        while unsafe { libc::kill(pid, 0) } == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "local compile {pid} outlived its race"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(staged_files(project.dir()), Vec::<PathBuf>::new());
+    fs::remove_file(project.dir().join("slow-local")).unwrap();
+    assert_eq!(
+        linked.native_object_contents(),
+        local_objects(&project, &compiler)
+    );
+}
+
+#[test]
+fn when_the_cluster_fails_every_execution_the_link_completes_locally() {
+    let (project, expected) = chain_project(4);
+    let hide = project.dir().display().to_string();
+    let server = Server::start(["--hide", &hide, "--fault-fail", "Execute=UNAVAILABLE:1000"]);
+    let linked = project
+        .link("app")
+        .remote(server.url())
+        .distributor_args(["--strategy=racing", "--jobs=2", "--remote-retries=1"])
+        .stats_json()
+        .run();
+    linked.assert_success();
+    assert_eq!(linked.run_program(), expected);
+    let stats = linked.stats();
+    assert_eq!(stats.ran(), ran_only("local", 5), "{stats}");
+    assert_eq!(winners(&stats), vec!["local"; 5], "{stats}");
+    assert_eq!(staged_files(project.dir()), Vec::<PathBuf>::new());
+}
