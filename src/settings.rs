@@ -15,8 +15,7 @@ use clap::builder::BoolishValueParser;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
-use crate::plan::layout::LayoutKind;
-use crate::plan::toolchain::ToolchainMode;
+use crate::plan::options::{LayoutKind, ToolchainMode};
 use crate::reapi::{self, HelperArg};
 
 /// Where the backend compiles run.
@@ -452,7 +451,7 @@ pub struct SettingsArgs {
     /// or mirror (paths as the link named them) [default: canonical]
     #[arg(long, env = "DTLTO_REAPI_LAYOUT", value_name = "LAYOUT")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub layout: Option<crate::plan::layout::LayoutKind>,
+    pub layout: Option<LayoutKind>,
 
     /// In cache-only mode, upload the results of local compiles to the remote cache; false makes it
     /// read-only (e.g. developer machines with read-only credentials) [default: true]

@@ -19,21 +19,12 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
 use super::digests::{FileDigests, FileInfo};
+use super::options::LayoutKind;
 use crate::bitcode;
 use crate::jobs::{Job, JobFile};
 
 /// The directory, inside the working directory, that holds the files given fixed names.
 pub const RESERVED_DIR: &str = ".dtlto-reapi";
-
-/// Which layout a job's action uses.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum LayoutKind {
-    Canonical,
-    Mirror,
-}
 
 /// A job's files as its action sees them.
 #[derive(Debug, Clone)]
@@ -487,7 +478,8 @@ mod tests {
     #[test]
     fn the_action_digest_of_a_fixed_job_is_pinned() {
         use super::super::action::{ActionOptions, build};
-        use super::super::toolchain::{ModeRequest, Toolchain, ToolchainMode};
+        use super::super::options::ToolchainMode;
+        use super::super::toolchain::{ModeRequest, Toolchain};
         let dir = tempfile::tempdir().unwrap();
         let (layout, file, digests) = coff_canonical_layout(
             &dir.path().join("link"),
