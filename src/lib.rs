@@ -22,9 +22,11 @@ pub mod explain;
 pub(crate) mod jobs;
 pub mod logging;
 pub(crate) mod plan;
+pub(crate) mod platform;
 pub mod reapi;
 pub(crate) mod report;
 pub(crate) mod response_files;
+#[cfg(unix)]
 pub mod server;
 pub mod settings;
 pub(crate) mod staging;

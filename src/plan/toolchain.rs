@@ -27,8 +27,6 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use object::elf;
@@ -38,6 +36,7 @@ use object::{Endianness, ReadCache};
 use super::environment::Environment;
 use super::merkle::{TreeFile, build_tree};
 use crate::cache::DigestCache;
+use crate::platform;
 use crate::reapi::digest::Digest;
 
 /// Where the toolchain goes, relative to the action's working directory (followed by the identity).
@@ -173,7 +172,7 @@ impl Toolchain {
                 path,
                 local,
                 digest,
-                executable: executable || meta.permissions().mode() & 0o111 != 0,
+                executable: executable || platform::executable_bit(&meta),
             });
         }
         let tree = build_tree(files.iter().map(|f| {
@@ -259,15 +258,13 @@ fn compiler_name(compiler: &Path) -> Result<String, String> {
         })
 }
 
-/// The compiler's file: its path as given when it has a `/`, else looked up in `PATH`.
+/// The compiler's file: its path as given when it has a `/` (on Windows also `\` or a drive),
+/// else looked up in `PATH` (on Windows with `PATHEXT`).
 pub(crate) fn locate(compiler: &Path) -> Result<PathBuf, String> {
-    if compiler.as_os_str().as_bytes().contains(&b'/') {
+    if platform::names_a_path(compiler.as_os_str()) {
         return Ok(compiler.to_path_buf());
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(compiler))
-        .find(|candidate| candidate.is_file())
+    platform::find_on_path(compiler.as_os_str(), |_| true)
         .ok_or_else(|| format!("the compiler {} is not in PATH", compiler.display()))
 }
 
@@ -345,7 +342,9 @@ fn read_elf(path: &Path) -> Result<ElfInfo, String> {
     for header in elf.elf_program_headers() {
         if let Some(interp) = header.interpreter(endian, data).map_err(error)? {
             let interp = interp.strip_suffix(&[0]).unwrap_or(interp);
-            info.interpreter = Some(PathBuf::from(OsStr::from_bytes(interp)));
+            info.interpreter = Some(PathBuf::from(platform::os_string_from_bytes(
+                interp.to_vec(),
+            )));
         }
     }
     let table = elf
