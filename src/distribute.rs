@@ -126,6 +126,7 @@ async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     let transfers = runner.transfers();
     let toolchain = runner.toolchain();
     let inputs = runner.input_hashing();
+    let degraded = runner.degraded();
     watcher.abort();
 
     let mode = serde_json::to_value(settings.mode)
@@ -137,6 +138,7 @@ async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         transfers,
         toolchain,
         inputs,
+        degraded,
     };
     if let Err(e) = reporter.finish(&job_file.path, &totals, stats_json) {
         reporter.error(&format!("cannot write --stats-json: {e}"));

@@ -27,7 +27,7 @@ use crate::plan::action::ActionSpec;
 use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, Stage};
 use crate::settings::{Compression, Mode, Settings, Strategy};
 use crate::staging::StagedOutputs;
-use crate::stats::{JobRecord, Ran, ServerTimes, Status};
+use crate::stats::{Degraded, JobRecord, Ran, ServerTimes, Status};
 use crate::trace;
 
 /// Shared by every job of a remote or cache-only run.
@@ -181,6 +181,11 @@ impl RemoteExecutor {
             bytes_uploaded: self.toolchain_bytes.load(Ordering::Relaxed),
             blobs_uploaded: self.toolchain_blobs.load(Ordering::Relaxed),
         }
+    }
+
+    /// The switch to local mode, if racing made it.
+    pub fn degraded(&self) -> Option<Degraded> {
+        self.health.report()
     }
 
     /// The client, for the run's transfer statistics.

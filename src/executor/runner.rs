@@ -20,7 +20,7 @@ use crate::plan::planner::Planner;
 use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::{self, TransferStats};
 use crate::settings::{Mode, Settings};
-use crate::stats::{JobRecord, Status, ToolchainReport};
+use crate::stats::{Degraded, JobRecord, Status, ToolchainReport};
 use crate::trace;
 
 /// Runs jobs the way the settings ask: planned into Actions when anything keys results by them
@@ -94,6 +94,11 @@ impl Runner {
     /// The remote client's transfer counters, in the remote modes.
     pub fn transfers(&self) -> Option<TransferStats> {
         self.remote.as_ref().map(|r| r.client().stats())
+    }
+
+    /// The switch to local mode, if racing made it.
+    pub fn degraded(&self) -> Option<Degraded> {
+        self.remote.as_ref()?.degraded()
     }
 
     /// How the link's input files were hashed, when Actions were planned.
