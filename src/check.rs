@@ -354,7 +354,8 @@ struct CheckedCompiler {
     why_not_uploaded: Option<String>,
 }
 
-/// The compiler to try: `--compiler`, else `--remote-compiler`, else clang on PATH; uploaded with
+/// The compiler to try: `--compiler`, else `--upload-compiler`, else `--remote-compiler`, else clang
+/// on PATH; uploaded with
 /// the action as a link would upload it (unless `--remote-compiler` or `--toolchain=worker` say the
 /// workers have it).
 async fn checked_compiler(
@@ -364,6 +365,7 @@ async fn checked_compiler(
 ) -> Result<CheckedCompiler, Failure> {
     let Some(path) = compiler
         .map(Path::to_path_buf)
+        .or_else(|| settings.upload_compiler.clone())
         .or_else(|| settings.remote_compiler.as_ref().map(PathBuf::from))
         .or_else(|| on_path("clang"))
     else {
@@ -393,6 +395,7 @@ async fn checked_compiler(
     let request = ModeRequest {
         toolchain: settings.toolchain,
         remote_compiler: None,
+        upload_compiler: None,
     };
     let args = vec![path_text.clone()];
     let environment = compile_environment(settings)?;
