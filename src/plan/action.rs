@@ -51,7 +51,7 @@ pub struct ActionSpec {
     /// Upload mode: the toolchain's files (not in `blobs`), the same for every job of the link.
     pub toolchain_blobs: Arc<[Blob]>,
     /// What the Action digest is made of, for `dtlto-reapi explain`.
-    pub parts: ActionParts,
+    pub parts: Arc<ActionParts>,
 }
 
 /// The platform of `properties`, sorted as REAPI requires; `None` without any.
@@ -82,12 +82,12 @@ pub struct ActionParts {
     pub flags: Vec<String>,
     /// The platform properties, `NAME=VALUE`, sorted.
     pub platform: Vec<String>,
-    /// The module itself.
-    pub module: InputPart,
+    /// The module itself (shared by every Action of the link that has it, as the imports are).
+    pub module: Arc<InputPart>,
     /// Its index shard, as the action sees it (rewritten, in the canonical layout).
     pub index_shard: InputPart,
     /// The modules it imports from.
-    pub imports: Vec<InputPart>,
+    pub imports: Vec<Arc<InputPart>>,
 }
 
 /// One input file of an Action: its path in the link and the digest of its content.
@@ -205,11 +205,17 @@ pub fn build(
         ..Default::default()
     };
     let (action_digest, action_bytes) = digest::of_message(&action);
-    let input = |path: &Path, digest: Option<&Digest>| InputPart {
-        path: path.to_owned(),
-        digest: digest.map_or_else(String::new, |d| digest::display(d).to_string()),
+    let part_of = |path: &Path| {
+        digests.get(path).map_or_else(
+            || {
+                Arc::new(InputPart {
+                    path: path.to_owned(),
+                    digest: String::new(),
+                })
+            },
+            |info| info.part.clone(),
+        )
     };
-    let digest_of = |path: &Path| digests.get(path).map(|info| &info.digest);
     let parts = ActionParts {
         command: digest::display(&command_digest).to_string(),
         input_root: digest::display(&tree.root_digest).to_string(),
@@ -221,18 +227,15 @@ pub fn build(
             .flat_map(|p| &p.properties)
             .map(|p| format!("{}={}", p.name, p.value))
             .collect(),
-        module: input(job.module(), digest_of(job.module())),
-        index_shard: input(
-            job.index_shard(),
-            rewritten_shard
+        module: part_of(job.module()),
+        index_shard: InputPart {
+            path: job.index_shard().to_owned(),
+            digest: rewritten_shard
                 .as_ref()
-                .or_else(|| digest_of(job.index_shard())),
-        ),
-        imports: job
-            .imports()
-            .iter()
-            .map(|import| input(import, digest_of(import)))
-            .collect(),
+                .or_else(|| digests.get(job.index_shard()).map(|info| &info.digest))
+                .map_or_else(String::new, |d| digest::display(d).to_string()),
+        },
+        imports: job.imports().iter().map(|import| part_of(import)).collect(),
     };
 
     blobs.extend(tree.directories.into_iter().map(|(digest, bytes)| Blob {
@@ -253,7 +256,7 @@ pub fn build(
         outputs: layout.outputs,
         layout: layout.kind,
         toolchain_blobs: options.toolchain_blobs.clone(),
-        parts,
+        parts: Arc::new(parts),
     })
 }
 
