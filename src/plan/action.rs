@@ -101,7 +101,7 @@ pub struct InputPart {
 pub fn build(
     job_file: &JobFile,
     job: &Job,
-    layout: Layout,
+    mut layout: Layout,
     digests: &FileDigests,
     options: &ActionOptions,
 ) -> Result<ActionSpec, String> {
@@ -124,21 +124,20 @@ pub fn build(
         });
     }
     let mut rewritten_shard = None;
-    for (path, bytes) in &layout.generated {
-        let digest = digest::of_bytes(bytes);
-        if path == SHARD_NAME {
-            rewritten_shard = Some(digest.clone());
+    for generated in std::mem::take(&mut layout.generated) {
+        if generated.path == SHARD_NAME {
+            rewritten_shard = Some(generated.digest.clone());
         }
         tree_entries.push((
-            path.clone(),
+            generated.path,
             TreeFile {
-                digest: digest.clone(),
+                digest: generated.digest.clone(),
                 executable: false,
             },
         ));
         blobs.push(Blob {
-            digest,
-            source: BlobSource::Bytes(bytes.clone()),
+            digest: generated.digest,
+            source: generated.source,
         });
     }
     let toolchain = &options.toolchain;
