@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::jobs::Job;
 use crate::plan::digests::HashingStats;
 use crate::reapi::TransferStats;
-use crate::stats::{JobRecord, Ran, Side, StatsFile, Status, ToolchainReport};
+use crate::stats::{Degraded, JobRecord, Ran, Side, StatsFile, Status, ToolchainReport};
 
 /// What the run's end reports besides the job records.
 #[derive(Debug, Default)]
@@ -28,6 +28,8 @@ pub struct RunTotals<'a> {
     pub toolchain: Option<ToolchainReport>,
     /// How the link's input files were hashed, when Actions were planned.
     pub inputs: Option<HashingStats>,
+    /// With `--strategy=racing`, when the link stopped using the cluster.
+    pub degraded: Option<Degraded>,
 }
 
 /// Collects job records and prints on stderr.
@@ -156,6 +158,7 @@ impl Reporter {
             &records,
             totals.transfers.as_ref(),
             toolchain_up,
+            totals.degraded.as_ref(),
             wall,
         ));
         if let Some(path) = stats_json {
@@ -163,10 +166,11 @@ impl Reporter {
                 job_file: job_file.to_owned(),
                 mode: totals.mode.to_owned(),
                 wall_ms: wall.as_millis() as u64,
-                cpu_ms: own_cpu().as_millis() as u64,
+                cpu_ms: crate::platform::own_cpu().as_millis() as u64,
                 transfers: totals.transfers,
                 toolchain: totals.toolchain.clone(),
                 inputs: totals.inputs,
+                degraded: totals.degraded.clone(),
                 jobs: records,
             };
             let path = per_link_file(path, job_file, "stats");
@@ -177,23 +181,6 @@ impl Reporter {
         }
         Ok(())
     }
-}
-
-/// The CPU time this process has used so far, user and system; not its children's.
-fn own_cpu() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
-            return Duration::ZERO;
-        }
-        usage
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Where a per-link file (`--stats-json PATH`, `--trace PATH`) goes: PATH itself, or, when PATH is a
@@ -210,12 +197,14 @@ pub fn per_link_file(path: &Path, job_file: &Path, kind: &str) -> PathBuf {
 
 /// `dtlto-reapi: 12 jobs, 1 failed (3 cache hits, 6 remote, 2 local; 1.2 MB up, 3.4 MB down) in 3.41 s`,
 /// with `; races won 2 local, 4 remote` after where the jobs ran when any job raced the cluster,
+/// `; switched to local mode, 9 jobs local after it` when racing stopped using the cluster,
 /// `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded, and
 /// `; on the wire 0.6 MB up, 1.1 MB down` after the logical bytes when they differ (compression).
 fn summary_line(
     records: &[JobRecord],
     transfers: Option<&TransferStats>,
     toolchain_up: u64,
+    degraded: Option<&Degraded>,
     wall: Duration,
 ) -> String {
     let count = |status: Status| records.iter().filter(|r| r.status == status).count();
@@ -264,6 +253,12 @@ fn summary_line(
     if local_wins + remote_wins > 0 {
         detail.push_str(&format!(
             "; races won {local_wins} local, {remote_wins} remote"
+        ));
+    }
+    if let Some(degraded) = degraded {
+        detail.push_str(&format!(
+            "; switched to local mode, {} jobs local after it",
+            degraded.local_jobs
         ));
     }
     if let Some(t) = transfers {
@@ -326,7 +321,7 @@ mod tests {
             JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO),
         ];
         assert_eq!(
-            summary_line(&records, None, 0, Duration::from_millis(1500)),
+            summary_line(&records, None, 0, None, Duration::from_millis(1500)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 local) in 1.50 s"
         );
         let mut transfers = TransferStats {
@@ -335,7 +330,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            summary_line(&records, Some(&transfers), 0, Duration::from_millis(10)),
+            summary_line(
+                &records,
+                Some(&transfers),
+                0,
+                None,
+                Duration::from_millis(10)
+            ),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 1.5 MB up, 0.0 MB down) in 0.01 s"
         );
         // Toolchain bytes are counted apart from the modules'.
@@ -344,14 +345,21 @@ mod tests {
                 &records,
                 Some(&transfers),
                 1_000_000,
+                None,
                 Duration::from_millis(10)
             ),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (0 cache hits, 0 remote, 2 local; 0.5 MB up, 1.0 MB toolchain up, 0.0 MB down) in 0.01 s"
         );
         transfers.wire_bytes_uploaded = 700_000;
         assert!(
-            summary_line(&records, Some(&transfers), 0, Duration::from_millis(10))
-                .contains("; 1.5 MB up, 0.0 MB down; on the wire 0.7 MB up, 0.0 MB down)")
+            summary_line(
+                &records,
+                Some(&transfers),
+                0,
+                None,
+                Duration::from_millis(10)
+            )
+            .contains("; 1.5 MB up, 0.0 MB down; on the wire 0.7 MB up, 0.0 MB down)")
         );
         // Races won each way.
         let mut raced = records.clone();
@@ -362,8 +370,24 @@ mod tests {
             });
         }
         assert!(
-            summary_line(&raced, Some(&transfers), 0, Duration::from_millis(10))
+            summary_line(&raced, Some(&transfers), 0, None, Duration::from_millis(10))
                 .contains("2 local; races won 1 local, 0 remote; 1.5 MB up")
+        );
+        // The switch to local mode.
+        let degraded = Degraded {
+            reason: "the cluster failed 3 jobs in a row".to_owned(),
+            local_jobs: 9,
+        };
+        let line = summary_line(
+            &raced,
+            Some(&transfers),
+            0,
+            Some(&degraded),
+            Duration::from_millis(10),
+        );
+        assert!(
+            line.contains("races won 1 local, 0 remote; switched to local mode, 9 jobs local after it; 1.5 MB up"),
+            "{line}"
         );
     }
 }

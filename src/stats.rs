@@ -89,6 +89,17 @@ pub struct Race {
     pub remote_ms: Option<u64>,
 }
 
+/// The link's switch to local mode under `--strategy=racing`, when the cluster kept failing or
+/// kept losing races.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Degraded {
+    /// Why the link stopped using the cluster.
+    pub reason: String,
+    /// The jobs compiled locally after the switch without racing the cluster (and, but for the
+    /// job whose lookup made the switch, without asking it anything).
+    pub local_jobs: u64,
+}
+
 /// A side of a race.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -141,6 +152,9 @@ pub struct StatsFile {
     pub toolchain: Option<ToolchainReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<HashingStats>,
+    /// With `--strategy=racing`, when the link stopped using the cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<Degraded>,
     pub jobs: Vec<JobRecord>,
 }
 
@@ -272,6 +286,10 @@ mod tests {
             transfers: Some(TransferStats::default()),
             toolchain: None,
             inputs: None,
+            degraded: Some(Degraded {
+                reason: "the cluster failed 3 jobs in a row".into(),
+                local_jobs: 9,
+            }),
             jobs: vec![record],
         };
         let text = serde_json::to_string(&file).unwrap();

@@ -196,3 +196,112 @@ fn when_the_cluster_fails_every_execution_the_link_completes_locally() {
     assert_eq!(winners(&stats), vec!["local"; 5], "{stats}");
     assert_eq!(staged_files(project.dir()), Vec::<PathBuf>::new());
 }
+
+/// The calls the server received, by RPC, from its `--stats-json` (written when it stops).
+fn calls_received(server: Server, stats: &Path) -> serde_json::Value {
+    drop(server);
+    let served: serde_json::Value =
+        serde_json::from_slice(&fs::read(stats).expect("serve --stats-json")).unwrap();
+    served["calls"].clone()
+}
+
+/// Calls of `rpc` in `calls_received`'s answer.
+fn count(calls: &serde_json::Value, rpc: &str) -> u64 {
+    calls[rpc].as_u64().unwrap_or(0)
+}
+
+/// The link's switch to local mode (`degraded` in its stats): the reason and how many jobs went
+/// straight to local compiles; checks that those are the jobs without a race.
+fn switch(stats: &Stats, linked: &Linked) -> (String, usize) {
+    let degraded = stats.field("degraded");
+    let reason = degraded["reason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no switch in {stats}"));
+    let local_jobs = degraded["local_jobs"].as_u64().unwrap() as usize;
+    let unraced = winners(stats).iter().filter(|w| *w == "-").count();
+    assert_eq!(local_jobs, unraced, "{stats}");
+    linked.assert_stderr_contains(&format!(
+        "switched to local mode, {local_jobs} jobs local after it"
+    ));
+    (reason.to_owned(), local_jobs)
+}
+
+#[test]
+fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_failures() {
+    // One job at a time (--remote-jobs=1), so that what the cluster sees after the switch shows.
+    // Every action-cache lookup fails, and every Execute: the lookups alone make three failures in
+    // a row by the third job, whoever wins each race before.
+    let (project, expected) = chain_project(11);
+    let hide = project.dir().display().to_string();
+    let served = tempfile::tempdir().unwrap();
+    let served_stats = served.path().join("serve.json");
+    let server = Server::start([
+        "--hide",
+        &hide,
+        "--fault-fail",
+        "GetActionResult=UNAVAILABLE:1000000",
+        "--fault-fail",
+        "Execute=UNAVAILABLE:1000000",
+        "--stats-json",
+        served_stats.to_str().unwrap(),
+    ]);
+    let linked = project
+        .link("app")
+        .remote(server.url())
+        .distributor_args([
+            "--strategy=racing",
+            "--jobs=2",
+            "--remote-jobs=1",
+            "--remote-retries=0",
+        ])
+        .stats_json()
+        .run();
+    linked.assert_success();
+    assert_eq!(linked.run_program(), expected);
+    let stats = linked.stats();
+    assert_eq!(stats.ran(), ran_only("local", 12), "{stats}");
+    let (reason, local_jobs) = switch(&stats, &linked);
+    assert!(reason.contains("failed 3 jobs in a row"), "{reason}");
+    assert!(local_jobs >= 9, "{stats}");
+    // The cluster heard from the first three jobs at most, and nothing after the switch.
+    let calls = calls_received(server, &served_stats);
+    assert!(count(&calls, "GetActionResult") <= 3, "{calls}");
+    assert!(count(&calls, "Execute") <= 2, "{calls}");
+}
+
+#[test]
+fn when_the_cluster_keeps_losing_the_link_switches_to_local_mode_after_eight_races() {
+    // Every Execute held for ten minutes: the local side wins every race; after 2 x --jobs (at
+    // least 8) wins in a row the rest of the link compiles locally without asking the cluster.
+    let (project, expected) = chain_project(11);
+    let hide = project.dir().display().to_string();
+    let served = tempfile::tempdir().unwrap();
+    let served_stats = served.path().join("serve.json");
+    let server = Server::start([
+        "--hide",
+        &hide,
+        "--workers",
+        "1",
+        "--fault-slow",
+        "Execute=600000",
+        "--stats-json",
+        served_stats.to_str().unwrap(),
+    ]);
+    let linked = project
+        .link("app")
+        .remote(server.url())
+        .distributor_args(["--strategy=racing", "--jobs=2", "--remote-jobs=1"])
+        .stats_json()
+        .run();
+    linked.assert_success();
+    assert_eq!(linked.run_program(), expected);
+    let stats = linked.stats();
+    assert_eq!(stats.ran(), ran_only("local", 12), "{stats}");
+    let (reason, local_jobs) = switch(&stats, &linked);
+    assert!(reason.contains("won 8 races in a row"), "{reason}");
+    assert_eq!(local_jobs, 4, "{stats}");
+    assert_eq!(winners(&stats).iter().filter(|w| *w == "local").count(), 8);
+    let calls = calls_received(server, &served_stats);
+    assert_eq!(count(&calls, "GetActionResult"), 8, "{calls}");
+    assert!(count(&calls, "Execute") <= 8, "{calls}");
+}

@@ -14,9 +14,11 @@
 //! other remote failure leaves the job to its local side, which then takes the next free slot. A
 //! local failure waits for the remote side. And when the cluster keeps failing, or keeps losing,
 //! the link stops using it ([`Health`]): the rest of the link runs in local mode at once, instead of
-//! each job waiting for its own timeouts.
+//! each job waiting for its own timeouts. The switch, and how many jobs it sent straight to local
+//! compiles, is in `--stats-json` (`degraded`) and on the summary line.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
@@ -29,7 +31,7 @@ use super::slots::{Candidate, Claim, Remote};
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
 use crate::reapi::CallContext;
-use crate::stats::{JobRecord, Race, Ran, RemoteTimes, ServerTimes, Side};
+use crate::stats::{Degraded, JobRecord, Race, Ran, RemoteTimes, ServerTimes, Side};
 use crate::trace;
 
 /// Remote failures in a row (with no remote success between them) after which the link stops
@@ -44,6 +46,10 @@ pub(super) struct Health {
     local_wins_to_degrade: u32,
     /// Cancelled when the link stops using the cluster.
     degraded: CancellationToken,
+    /// Why it did.
+    reason: OnceLock<String>,
+    /// Jobs compiled locally since, without asking the cluster.
+    local_jobs: AtomicU64,
 }
 
 impl Health {
@@ -58,7 +64,28 @@ impl Health {
                 .unwrap_or(u32::MAX)
                 .max(8),
             degraded: CancellationToken::new(),
+            reason: OnceLock::new(),
+            local_jobs: AtomicU64::new(0),
         }
+    }
+
+    /// The switch to local mode, if the link made it.
+    pub(super) fn report(&self) -> Option<Degraded> {
+        Some(Degraded {
+            reason: self.reason.get()?.clone(),
+            local_jobs: self.local_jobs.load(Ordering::Relaxed),
+        })
+    }
+
+    /// A job of a link that stopped using the cluster: a local compile, counted.
+    async fn run_locally(
+        &self,
+        ctx: &RunContext,
+        job: Job,
+        local: &LocalRunner,
+    ) -> (JobRecord, Vec<u8>) {
+        self.local_jobs.fetch_add(1, Ordering::Relaxed);
+        local.run(ctx, job).await
     }
 
     fn remote_delivered(&self) {
@@ -87,7 +114,7 @@ impl Health {
     }
 
     fn degrade(&self, ctx: &RunContext, why: &str) {
-        if !self.degraded.is_cancelled() {
+        if self.reason.set(why.to_owned()).is_ok() {
             tracing::warn!(%why, "racing: the rest of the link compiles locally");
             let text = format!("{why}; the rest of the link compiles locally");
             ctx.reporter.warn_once("racing-degraded", &text);
@@ -122,7 +149,7 @@ impl RemoteExecutor {
     ) -> (JobRecord, Vec<u8>) {
         let health = &self.health;
         if health.degraded.is_cancelled() {
-            return local.run(ctx, job).await;
+            return health.run_locally(ctx, job, local).await;
         }
         // The action cache first: a hit never starts local work.
         let lookup = tokio::select! {
@@ -157,7 +184,7 @@ impl RemoteExecutor {
             }
         }
         if health.degraded.is_cancelled() {
-            return local.run(ctx, job).await;
+            return health.run_locally(ctx, job, local).await;
         }
         self.race(ctx, job, spec, call, local, started).await
     }

@@ -20,7 +20,7 @@ use crate::plan::planner::Planner;
 use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::{self, TransferStats};
 use crate::settings::{Mode, Settings};
-use crate::stats::{JobRecord, Status, ToolchainReport};
+use crate::stats::{Degraded, JobRecord, Ran, Status, ToolchainReport};
 use crate::trace;
 
 /// Runs jobs the way the settings ask: planned into Actions when anything keys results by them
@@ -96,6 +96,11 @@ impl Runner {
         self.remote.as_ref().map(|r| r.client().stats())
     }
 
+    /// The switch to local mode, if racing made it.
+    pub fn degraded(&self) -> Option<Degraded> {
+        self.remote.as_ref()?.degraded()
+    }
+
     /// How the link's input files were hashed, when Actions were planned.
     pub fn input_hashing(&self) -> Option<HashingStats> {
         Some(self.planner.as_ref()?.input_hashing())
@@ -145,8 +150,10 @@ impl Runner {
                     Some(remote) => remote.run(ctx, job, &spec, &self.local, started).await,
                     None => self.local.run(ctx, job).await,
                 };
+                // A local compile's result only when it is the Action's computation.
                 if let Some(disk) = &self.disk
                     && record.status == Status::Succeeded
+                    && (record.ran != Ran::Local || spec.local_is_action)
                 {
                     disk.store(ctx, &spec, output).await;
                 }

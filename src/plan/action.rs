@@ -52,10 +52,14 @@ pub struct ActionSpec {
     pub toolchain_blobs: Arc<[Blob]>,
     /// What the Action digest is made of, for `dtlto-reapi explain`.
     pub parts: Arc<ActionParts>,
+    /// Whether a local compile of the job is the Action's computation (false when
+    /// `--upload-compiler` names another compiler): only then are its results stored under the
+    /// Action's digest.
+    pub local_is_action: bool,
 }
 
 /// The platform of `properties`, sorted as REAPI requires; `None` without any.
-pub fn platform(properties: &[(String, String)]) -> Option<Platform> {
+fn platform(properties: &[(String, String)]) -> Option<Platform> {
     let mut properties: Vec<platform::Property> = properties
         .iter()
         .map(|(name, value)| platform::Property {
@@ -101,10 +105,83 @@ pub struct InputPart {
 pub fn build(
     job_file: &JobFile,
     job: &Job,
-    mut layout: Layout,
+    layout: Layout,
     digests: &FileDigests,
     options: &ActionOptions,
 ) -> Result<ActionSpec, String> {
+    let rename = |arg: &str| layout.renames.get(arg).cloned();
+    let mut arguments = Vec::with_capacity(job_file.common_args.len() + job.args.len());
+    arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
+    arguments.extend(rewrite_args(&job.args, rename));
+    let assembled = assemble(job_file.compiler(), arguments, &layout, digests, options)?;
+
+    // Each input file's part was made once for the link, when it was hashed.
+    let part_of = |path: &Path| {
+        digests.get(path).map_or_else(
+            || {
+                Arc::new(InputPart {
+                    path: path.to_owned(),
+                    digest: String::new(),
+                })
+            },
+            |info| info.part.clone(),
+        )
+    };
+    let parts = ActionParts {
+        command: digest::display(&assembled.command_digest).to_string(),
+        input_root: digest::display(&assembled.input_root).to_string(),
+        compiler: digest::display(&options.toolchain.identity.digest).to_string(),
+        flags: job_file.common_args.iter().skip(1).cloned().collect(),
+        platform: assembled.platform,
+        module: part_of(job.module()),
+        index_shard: InputPart {
+            path: job.index_shard().to_owned(),
+            digest: assembled
+                .rewritten_shard
+                .as_ref()
+                .or_else(|| digests.get(job.index_shard()).map(|info| &info.digest))
+                .map_or_else(String::new, |d| digest::display(d).to_string()),
+        },
+        imports: job.imports().iter().map(|import| part_of(import)).collect(),
+    };
+    Ok(ActionSpec {
+        action_digest: assembled.action_digest,
+        blobs: assembled.blobs,
+        outputs: layout.outputs,
+        layout: layout.kind,
+        toolchain_blobs: options.toolchain_blobs.clone(),
+        parts: Arc::new(parts),
+        local_is_action: options.toolchain.local_is_uploaded,
+    })
+}
+
+/// A Command and its Action, hashed, with the blobs that make them up.
+#[derive(Debug)]
+pub struct Assembled {
+    pub action_digest: Digest,
+    pub command_digest: Digest,
+    pub input_root: Digest,
+    /// Action, Command, Directories and input files; not the toolchain's files (see
+    /// [`ActionOptions::toolchain_blobs`]).
+    pub blobs: Vec<Blob>,
+    /// The platform properties, `NAME=VALUE`, sorted.
+    pub platform: Vec<String>,
+    /// The digest of the index shard the layout rewrote, if it did.
+    pub rewritten_shard: Option<Digest>,
+}
+
+/// The one builder of Actions, for a link's jobs and for `check`'s probe alike: `compiler`
+/// followed by `arguments` (already renamed for `layout`), run in `layout`'s working directory
+/// with its inputs, the toolchain and the remote settings of `options`. So what `check` runs on a
+/// worker is built exactly as a link's Actions are (salt, output fields, working directory,
+/// environment, platform).
+pub fn assemble(
+    compiler: &str,
+    arguments: Vec<String>,
+    layout: &Layout,
+    digests: &FileDigests,
+    options: &ActionOptions,
+) -> Result<Assembled, String> {
     let mut blobs = Vec::new();
     let mut tree_entries = Vec::with_capacity(layout.inputs.len());
     for (path, local) in &layout.inputs {
@@ -124,20 +201,20 @@ pub fn build(
         });
     }
     let mut rewritten_shard = None;
-    for generated in std::mem::take(&mut layout.generated) {
+    for generated in &layout.generated {
         if generated.path == SHARD_NAME {
             rewritten_shard = Some(generated.digest.clone());
         }
         tree_entries.push((
-            generated.path,
+            generated.path.clone(),
             TreeFile {
                 digest: generated.digest.clone(),
                 executable: false,
             },
         ));
         blobs.push(Blob {
-            digest: generated.digest,
-            source: generated.source,
+            digest: generated.digest.clone(),
+            source: generated.source.clone(),
         });
     }
     let toolchain = &options.toolchain;
@@ -150,20 +227,18 @@ pub fn build(
     }
     let tree = build_tree(tree_entries)?;
 
-    let rename = |arg: &str| layout.renames.get(arg).cloned();
-    let mut arguments = Vec::with_capacity(job_file.common_args.len() + job.args.len());
+    let mut command_line = Vec::with_capacity(toolchain.launch().len().max(1) + arguments.len());
     if toolchain.launch().is_empty() {
-        arguments.push(
+        command_line.push(
             options
                 .remote_compiler
                 .clone()
-                .unwrap_or_else(|| job_file.compiler().to_owned()),
+                .unwrap_or_else(|| compiler.to_owned()),
         );
     } else {
-        arguments.extend(toolchain.launch().iter().cloned());
+        command_line.extend(toolchain.launch().iter().cloned());
     }
-    arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
-    arguments.extend(rewrite_args(&job.args, rename));
+    command_line.extend(arguments);
 
     let platform = platform(&options.platform);
 
@@ -174,7 +249,7 @@ pub fn build(
         .collect();
     #[allow(deprecated)] // output_files is what servers below API 2.1 understand
     let command = Command {
-        arguments,
+        arguments: command_line,
         environment_variables: options.environment.to_command(),
         output_files: if options.legacy_output_files {
             output_names.clone()
@@ -204,58 +279,32 @@ pub fn build(
         ..Default::default()
     };
     let (action_digest, action_bytes) = digest::of_message(&action);
-    let part_of = |path: &Path| {
-        digests.get(path).map_or_else(
-            || {
-                Arc::new(InputPart {
-                    path: path.to_owned(),
-                    digest: String::new(),
-                })
-            },
-            |info| info.part.clone(),
-        )
-    };
-    let parts = ActionParts {
-        command: digest::display(&command_digest).to_string(),
-        input_root: digest::display(&tree.root_digest).to_string(),
-        compiler: digest::display(&toolchain.identity.digest).to_string(),
-        flags: job_file.common_args.iter().skip(1).cloned().collect(),
-        platform: action
-            .platform
-            .iter()
-            .flat_map(|p| &p.properties)
-            .map(|p| format!("{}={}", p.name, p.value))
-            .collect(),
-        module: part_of(job.module()),
-        index_shard: InputPart {
-            path: job.index_shard().to_owned(),
-            digest: rewritten_shard
-                .as_ref()
-                .or_else(|| digests.get(job.index_shard()).map(|info| &info.digest))
-                .map_or_else(String::new, |d| digest::display(d).to_string()),
-        },
-        imports: job.imports().iter().map(|import| part_of(import)).collect(),
-    };
+    let platform = action
+        .platform
+        .iter()
+        .flat_map(|p| &p.properties)
+        .map(|p| format!("{}={}", p.name, p.value))
+        .collect();
 
     blobs.extend(tree.directories.into_iter().map(|(digest, bytes)| Blob {
         digest,
         source: BlobSource::Bytes(bytes),
     }));
     blobs.push(Blob {
-        digest: command_digest,
+        digest: command_digest.clone(),
         source: BlobSource::Bytes(command_bytes),
     });
     blobs.push(Blob {
         digest: action_digest.clone(),
         source: BlobSource::Bytes(action_bytes),
     });
-    Ok(ActionSpec {
+    Ok(Assembled {
         action_digest,
+        command_digest,
+        input_root: tree.root_digest,
         blobs,
-        outputs: layout.outputs,
-        layout: layout.kind,
-        toolchain_blobs: options.toolchain_blobs.clone(),
-        parts: Arc::new(parts),
+        platform,
+        rewritten_shard,
     })
 }
 

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -156,7 +155,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
     });
     let info = FileInfo {
         digest: known.remembered.digest,
-        executable: known.meta.permissions().mode() & 0o111 != 0,
+        executable: crate::platform::executable_bit(&known.meta),
         module_hash: known.remembered.module_hash,
         part,
     };
@@ -166,6 +165,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     #[test]
     fn hashes_each_file_once_and_reports_missing_ones() {

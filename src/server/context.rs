@@ -45,8 +45,10 @@ impl Context {
         check_digest_function(digest_function)
     }
 
-    /// Fault injection at the start of an RPC: a `--fault-slow` delay, then the faults.
+    /// The call counted, then fault injection at the start of an RPC: a `--fault-slow` delay, then
+    /// the faults.
     pub async fn misbehave(&self, rpc: &'static str) -> Result<(), Status> {
+        self.stats.called(rpc);
         self.hostile.slow_down(rpc).await;
         self.faults.enter(rpc).await
     }

@@ -138,7 +138,7 @@ pub struct ServeArgs {
     pub throttle_latency_ms: u64,
 
     /// At exit, write what clients transferred to FILE as JSON: blob uploads, distinct blobs
-    /// uploaded, blob bytes received and sent (as on the wire).
+    /// uploaded, blob bytes received and sent (as on the wire), actions run, calls by RPC.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
 

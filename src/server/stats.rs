@@ -1,9 +1,9 @@
 //! What clients sent and fetched, counted by the server itself so that tests and benchmarks can
-//! check a client's transfers independently of the client's own figures, and how many actions
-//! actually ran (`--stats-json FILE`, written when the server exits).
+//! check a client's transfers independently of the client's own figures, how many actions actually
+//! ran, and how many calls of each RPC arrived (`--stats-json FILE`, written when the server exits).
 
 use super::digest::BlobDigest;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +17,7 @@ pub struct Stats {
     connections: AtomicU64,
     executions: AtomicU64,
     merged_executions: AtomicU64,
+    calls: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 /// The JSON `--stats-json` writes.
@@ -38,6 +39,8 @@ struct Totals {
     /// Execute calls that attached to an identical action already queued or running instead of
     /// running it again.
     merged_executions: u64,
+    /// Calls that arrived, by RPC name (as `--fault-fail` names them), failed ones included.
+    calls: BTreeMap<&'static str, u64>,
     /// The server process's peak resident memory (its own, not its actions').
     peak_rss_bytes: u64,
 }
@@ -77,6 +80,13 @@ impl Stats {
         self.merged_executions.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A call of `rpc` arrived.
+    pub fn called(&self, rpc: &'static str) {
+        if let Ok(mut calls) = self.calls.lock() {
+            *calls.entry(rpc).or_default() += 1;
+        }
+    }
+
     /// Writes the totals as JSON to `path`.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
         let totals = Totals {
@@ -87,6 +97,7 @@ impl Stats {
             connections: self.connections.load(Ordering::Relaxed),
             executions: self.executions.load(Ordering::Relaxed),
             merged_executions: self.merged_executions.load(Ordering::Relaxed),
+            calls: self.calls.lock().map(|c| c.clone()).unwrap_or_default(),
             peak_rss_bytes: peak_rss_bytes(),
         };
         std::fs::write(path, serde_json::to_vec_pretty(&totals)?)

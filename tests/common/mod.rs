@@ -575,6 +575,11 @@ impl Stats {
             .unwrap_or_else(|| panic!("no {name} in {self}"))
     }
 
+    /// A field of the whole run, as it is (null when absent): `degraded`, ...
+    pub fn field(&self, name: &str) -> &serde_json::Value {
+        &self.0[name]
+    }
+
     /// A counter of `transfers` (`bytes_uploaded`, `rpc_retries`, ...).
     pub fn transfers(&self, counter: &str) -> u64 {
         self.0["transfers"][counter]
