@@ -7,19 +7,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
-use tonic::Code;
 
+use crate::advice;
 use crate::cache::DigestCache;
-use crate::executor::remote::connection_options;
-use crate::plan::action::platform;
+use crate::jobs::JobFile;
 use crate::plan::environment::Environment;
-use crate::plan::merkle::{TreeFile, build_tree};
-use crate::plan::planner::platform_properties;
-use crate::plan::toolchain::{ModeRequest, Toolchain, ToolchainMode};
+use crate::plan::planner::Planner;
+use crate::plan::toolchain::{Toolchain, ToolchainMode};
 use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError};
+use crate::remote_options::connection_options;
 use crate::settings::{Mode, Settings};
 use crate::stats::ServerTimes;
 
@@ -45,7 +45,7 @@ impl Failure {
 
     /// A failure of the REAPI client, with what it says to check.
     fn reapi(e: &ReapiError, advice: impl Into<String>) -> Failure {
-        Failure::new(crate::advice::describe(e), advice)
+        Failure::new(advice::describe(e), advice)
     }
 }
 
@@ -74,7 +74,7 @@ fn millis(d: Duration) -> String {
 
 /// Runs every check and returns the exit status: success only if a link would work.
 pub fn run(settings: &Settings, compiler: Option<&Path>, prepend: &[String]) -> ExitCode {
-    let Some(runtime) = crate::distribute::runtime() else {
+    let Some(runtime) = crate::runtime::runtime() else {
         return ExitCode::FAILURE;
     };
     if runtime.block_on(check(settings, compiler, prepend)) {
@@ -149,13 +149,9 @@ async fn check(settings: &Settings, compiler: Option<&Path>, prepend: &[String])
 
 /// Opens the connection (and the TLS session) without a call.
 async fn connection(options: &ConnectionOptions) -> Step<()> {
-    reapi::probe_connection(options).await.map_err(|e| {
-        Failure::reapi(
-            &e,
-            "check that the server runs and that --remote names it (grpc://HOST:PORT without \
-             TLS, grpcs://HOST:PORT with TLS, --tls-ca-cert for a private CA)",
-        )
-    })?;
+    reapi::probe_connection(options)
+        .await
+        .map_err(|e| Failure::reapi(&e, advice::CHECK_CONNECTION))?;
     let how = if options.endpoint.starts_with("unix://") {
         "unix socket"
     } else if options.endpoint.starts_with("grpc://") || options.endpoint.starts_with("http://") {
@@ -168,38 +164,13 @@ async fn connection(options: &ConnectionOptions) -> Step<()> {
 
 /// Runs the credential helper and the first call; reports where the headers came from.
 async fn authenticate(options: &ConnectionOptions) -> Step<Client> {
-    let client = Client::connect(options).await.map_err(|e| match &e {
-        ReapiError::CredentialHelper { .. } => Failure::reapi(
-            &e,
-            "fix the credential helper (run it by hand: `PATH get` with {\"uri\": \"...\"} on \
-             stdin) or --credential-helper",
-        ),
-        ReapiError::Rpc {
-            code: Code::Unauthenticated | Code::PermissionDenied,
-            ..
-        } => Failure::reapi(
-            &e,
-            "the server refused the credentials: give the header it expects with \
-             --remote-header=NAME=env:VAR (is the variable set?) or --credential-helper",
-        ),
-        ReapiError::Rpc {
-            code: Code::NotFound | Code::InvalidArgument,
-            ..
-        } => Failure {
-            step: Some("instance name"),
-            advice: format!(
-                "the server does not serve instance {:?}: set --instance-name to the instance \
-                 its administrator configured",
-                options.instance_name
-            ),
-            what: crate::advice::describe(&e),
-        },
-        _ => Failure {
-            step: Some("first call"),
-            what: crate::advice::describe(&e),
-            advice: "see the error above; is --remote the REAPI endpoint of the cluster?"
-                .to_string(),
-        },
+    let client = Client::connect(options).await.map_err(|e| {
+        let (step, advice) = advice::check_first_call(&e, &options.instance_name);
+        Failure {
+            step,
+            what: advice::describe(&e),
+            advice,
+        }
     })?;
     let (given, helper) = client.header_sources();
     let mut sources = Vec::new();
@@ -273,8 +244,7 @@ async fn capabilities(client: &Client, settings: &Settings) -> Step<()> {
     if settings.mode == Mode::Remote && !used.exec_enabled {
         return Err(Failure::new(
             format!("{detail}: this server does not execute actions"),
-            "use --mode=cache-only: compiles run locally and results are shared through the \
-             server's cache",
+            advice::CHECK_NO_EXECUTION,
         ));
     }
     if settings.mode == Mode::CacheOnly && settings.remote_upload && !used.ac_update_enabled {
@@ -291,8 +261,6 @@ async fn cas_round_trip(client: &Client, writes: bool, ctx: &CallContext) -> Ste
     let content = format!("dtlto-reapi check {}\n", uuid::Uuid::new_v4()).into_bytes();
     let blob = Blob::from_bytes(content.clone());
     let digest = blob.digest.clone();
-    let denied = "the credentials may not write to the CAS: use read-write credentials, or \
-                  --mode=cache-only --remote-upload=false where links should only read";
     if !writes {
         client
             .find_missing(std::slice::from_ref(&digest), ctx)
@@ -304,18 +272,14 @@ async fn cas_round_trip(client: &Client, writes: bool, ctx: &CallContext) -> Ste
                 .to_string(),
         ));
     }
-    let advice = |e: &ReapiError| match e.code() {
-        Some(Code::PermissionDenied) => denied.to_string(),
-        _ => "see the error above".to_string(),
-    };
     client
         .upload(vec![blob], ctx)
         .await
-        .map_err(|e| Failure::reapi(&e, advice(&e)))?;
+        .map_err(|e| Failure::reapi(&e, advice::check_cas(&e)))?;
     let back = client
         .download(&digest, ctx)
         .await
-        .map_err(|e| Failure::reapi(&e, advice(&e)))?;
+        .map_err(|e| Failure::reapi(&e, advice::check_cas(&e)))?;
     if back != content {
         return Err(Failure::new(
             "the blob read back differs from the one uploaded",
@@ -342,89 +306,87 @@ async fn action_cache(client: &Client, ctx: &CallContext) -> Step<()> {
     Ok(((), detail.to_string()))
 }
 
-/// The compiler a check runs, and how it gets to the worker.
-struct CheckedCompiler {
-    /// As the user named it.
+/// The probe: `COMPILER --version` planned as a link plans its jobs, ready to upload and run.
+struct Probe {
+    /// The compiler as the user would type it (`zig clang`).
     shown: String,
-    /// What the action runs before `--version`.
-    arguments: Vec<String>,
-    /// Upload mode: the toolchain, for the input root and the uploads.
+    action: Digest,
+    /// The Action's blobs and, in upload mode, the toolchain's.
+    blobs: Vec<Blob>,
+    /// Upload mode: the toolchain, as every Action of a link would carry it.
     uploaded: Option<Toolchain>,
     /// Why upload mode was wanted but is impossible, if so.
     why_not_uploaded: Option<String>,
+    /// Why the digest cache file is not used, if so.
+    digest_cache_warning: Option<String>,
 }
 
-/// The compiler to try: `--compiler`, else `--remote-compiler`, else clang on PATH; uploaded with
-/// the action as a link would upload it (unless `--remote-compiler` or `--toolchain=worker` say the
-/// workers have it).
-async fn checked_compiler(
-    settings: &Settings,
-    compiler: Option<&Path>,
-    prepend: &[String],
-) -> Result<CheckedCompiler, Failure> {
-    let Some(path) = compiler
-        .map(Path::to_path_buf)
-        .or_else(|| settings.remote_compiler.as_ref().map(PathBuf::from))
-        .or_else(|| on_path("clang"))
-    else {
+/// The compiler a link uses (`common.args` starting with it): `--compiler`, else clang on PATH,
+/// followed by the `--compiler-prepend-arg`s.
+fn link_compiler(compiler: Option<&Path>, prepend: &[String]) -> Result<Vec<String>, Failure> {
+    let Some(path) = compiler.map(Path::to_path_buf).or_else(|| on_path("clang")) else {
         return Err(Failure::new(
             "no compiler to try: none given and no clang on PATH",
-            "give --compiler=PATH (the compiler a link uses; with --remote-compiler or \
-             --toolchain=worker, its path on the workers)",
+            "give --compiler=PATH (the compiler a link uses)",
         ));
     };
-    let path_text = path.to_string_lossy().into_owned();
-    // As the user would type it: `zig clang`.
-    let shown = std::iter::once(path_text.clone())
+    Ok(std::iter::once(path.to_string_lossy().into_owned())
         .chain(prepend.iter().cloned())
-        .collect::<Vec<_>>()
-        .join(" ");
-    let worker_mode = |why_not_uploaded| CheckedCompiler {
-        shown: shown.clone(),
-        arguments: std::iter::once(path_text.clone())
-            .chain(prepend.iter().cloned())
-            .collect(),
-        uploaded: None,
-        why_not_uploaded,
-    };
-    if settings.remote_compiler.is_some() || settings.toolchain == Some(ToolchainMode::Worker) {
-        return Ok(worker_mode(None));
-    }
-    let request = ModeRequest {
-        toolchain: settings.toolchain,
-        remote_compiler: None,
-    };
-    let args = vec![path_text.clone()];
-    let environment = compile_environment(settings)?;
-    let resolved = tokio::task::spawn_blocking(move || {
-        let digests = DigestCache::open(DigestCache::default_file());
-        let resolved = Toolchain::resolve(&args, request, &environment, &digests);
-        // Losing the cache only costs hashing the compiler again next time.
-        let _ = digests.save();
-        resolved
-    })
-    .await
-    .unwrap_or_else(|e| Err(e.to_string()));
-    match resolved {
-        Err(e) => Err(Failure::new(
-            format!("the compiler {path_text}: {e}"),
-            "give --compiler the compiler a link uses",
-        )),
-        Ok((toolchain, why_not)) if toolchain.identity.mode == ToolchainMode::Upload => {
-            Ok(CheckedCompiler {
-                arguments: toolchain.launch().iter().chain(prepend).cloned().collect(),
-                shown,
-                uploaded: Some(toolchain),
-                why_not_uploaded: why_not,
-            })
-        }
-        Ok((_, why_not)) => Ok(worker_mode(why_not)),
-    }
+        .collect())
 }
 
-/// The environment a link's compiles get (`--pass-env`).
-fn compile_environment(settings: &Settings) -> Result<Environment, Failure> {
-    Environment::new(&settings.pass_env).map_err(|e| Failure::new(e, "fix --pass-env"))
+/// Plans the probe through the link planner: a job file whose compiler and shared arguments are
+/// `common_args`, whose command is `--version`, with no files. The same toolchain resolution,
+/// digest cache (`cache_file`), settings and Action builder as a link's jobs; `legacy_output_files`
+/// as a link decides it for the server.
+async fn plan_probe(
+    settings: &Settings,
+    common_args: Vec<String>,
+    legacy_output_files: bool,
+    cache_file: Option<PathBuf>,
+) -> Result<Probe, Failure> {
+    // What runs on the worker, as the user would type it (`zig clang`).
+    let shown = match &settings.remote_compiler {
+        Some(remote) => std::iter::once(remote.as_str())
+            .chain(common_args[1..].iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => common_args.join(" "),
+    };
+    let environment =
+        Environment::new(&settings.pass_env).map_err(|e| Failure::new(e, "fix --pass-env"))?;
+    let cwd = std::env::current_dir()
+        .map_err(|e| Failure::new(format!("reading the working directory: {e}"), "see above"))?;
+    let job_file = JobFile {
+        path: PathBuf::from("dtlto-reapi check"),
+        common_args,
+        common_inputs: Vec::new(),
+        jobs: Vec::new(),
+    };
+    let planner = Planner::with_digest_cache(
+        Arc::new(job_file),
+        settings,
+        Arc::new(environment),
+        cwd,
+        legacy_output_files,
+        cache_file,
+    )
+    .await
+    .map_err(|e| Failure::new(format!("{e:#}"), advice::CHECK_COMPILER))?;
+    let assembled = planner
+        .plan_command(&["--version".to_owned()])
+        .map_err(|e| Failure::new(e.detail, "fix the compiler's shared arguments"))?;
+    let toolchain = planner.toolchain();
+    let mut blobs = assembled.blobs;
+    blobs.extend(planner.toolchain_blobs().iter().cloned());
+    Ok(Probe {
+        shown,
+        action: assembled.action_digest,
+        blobs,
+        uploaded: (toolchain.identity.mode == ToolchainMode::Upload).then(|| toolchain.clone()),
+        why_not_uploaded: planner.toolchain_warning().map(str::to_owned),
+        digest_cache_warning: planner.digest_cache_warning().map(str::to_owned),
+    })
 }
 
 /// Runs `COMPILER --version` on a worker, as a link's actions would run the compiler: uploaded
@@ -436,53 +398,34 @@ async fn execution(
     prepend: &[String],
     ctx: &CallContext,
 ) -> Step<()> {
-    let compiler = checked_compiler(settings, compiler, prepend).await?;
-    let properties = platform_properties(settings)
-        .map_err(|e| Failure::new(format!("{e:#}"), "fix --platform"))?;
-    let environment = compile_environment(settings)?;
-    let (action, blobs) = version_action(&compiler, &properties, &environment)
-        .map_err(|e| Failure::new(format!("building the action: {e}"), "report this as a bug"))?;
-    let unexpected = |e: ReapiError| {
-        let advice = match e.code() {
-            Some(Code::FailedPrecondition | Code::InvalidArgument | Code::Unavailable) => {
-                "no worker takes this action: check --platform against the properties the \
-                 cluster's workers offer, and --instance-name"
-            }
-            Some(Code::Unimplemented) => {
-                "this server does not execute actions: use --mode=cache-only"
-            }
-            _ => "see the error above",
-        };
-        Failure::reapi(&e, advice)
-    };
+    let common_args = link_compiler(compiler, prepend)?;
+    let legacy = !client.capabilities().supports_output_paths();
+    let probe = plan_probe(settings, common_args, legacy, DigestCache::default_file()).await?;
+    if let Some(warning) = &probe.digest_cache_warning {
+        println!("! warning: {warning}");
+    }
+    let unexpected = |e: ReapiError| Failure::reapi(&e, advice::check_execution(&e));
     let uploading = Instant::now();
     client
-        .upload_missing(blobs, ctx)
+        .upload_missing(probe.blobs.clone(), ctx)
         .await
         .map_err(unexpected)?;
     let uploaded_in = uploading.elapsed();
     let started = Instant::now();
+    // Never answered from the action cache: the point is to run it.
     let response = client
-        .execute(&action, true, ctx)
+        .execute(&probe.action, true, ctx)
         .await
         .map_err(unexpected)?;
     let total = started.elapsed();
-    let shown = &compiler.shown;
+    let shown = &probe.shown;
     let result = response.result.unwrap_or_default();
     if result.exit_code != 0 {
         let stderr = output_of(client, &result.stderr_raw, &result.stderr_digest, ctx).await;
-        let advice = match (&compiler.uploaded, &compiler.why_not_uploaded) {
-            (Some(_), _) => "the compiler was uploaded with the action and still did not run: \
-                 the workers may be another architecture or operating system (select matching \
-                 ones with --platform), or try --toolchain=worker with a worker image that has \
-                 the compiler"
-                .to_owned(),
-            (None, Some(why_not)) => format!("it could not be uploaded: {why_not}"),
-            (None, None) => "the workers cannot run this compiler: give --remote-compiler (or \
-                 check's --compiler) the compiler's path on the workers, or --platform \
-                 properties that select workers (a container image) that have it"
-                .to_owned(),
-        };
+        let advice = advice::check_compiler_failed(
+            probe.uploaded.is_some(),
+            probe.why_not_uploaded.as_deref(),
+        );
         return Err(Failure::new(
             format!(
                 "`{shown} --version` exited with {} on the worker: {}",
@@ -508,7 +451,7 @@ async fn execution(
         .map(|t| t.worker.as_str())
         .filter(|w| !w.is_empty())
         .unwrap_or("?");
-    let how = match (&compiler.uploaded, &compiler.why_not_uploaded) {
+    let how = match (&probe.uploaded, &probe.why_not_uploaded) {
         (Some(toolchain), _) => format!(
             "upload mode: {} file{}, {:.1} MB, in the CAS after {}",
             toolchain.files.len(),
@@ -519,6 +462,7 @@ async fn execution(
         (None, Some(why_not)) => format!("worker mode, as links will run it: {why_not}"),
         (None, None) => "worker mode: the compiler at its path on the worker".to_owned(),
     };
+    let how = format!("{how}; action {}", reapi::digest::display(&probe.action));
     let detail = format!(
         "`{shown} --version` on worker {worker}: {version} (queued {}, executed {}, Execute \
          took {}; {how})",
@@ -543,60 +487,6 @@ async fn output_of(
     }
 }
 
-/// An action running the compiler with `--version`, never cached: its input root is empty, or
-/// holds the toolchain in upload mode.
-fn version_action(
-    compiler: &CheckedCompiler,
-    properties: &[(String, String)],
-    environment: &Environment,
-) -> Result<(Digest, Vec<Blob>), String> {
-    let platform = platform(properties);
-    #[allow(deprecated)] // Command.platform: as links set it, for servers that read it there
-    let command = re::Command {
-        arguments: compiler
-            .arguments
-            .iter()
-            .cloned()
-            .chain(["--version".to_owned()])
-            .collect(),
-        environment_variables: environment.to_command(),
-        platform: platform.clone(),
-        ..Default::default()
-    };
-    let mut blobs = Vec::new();
-    let toolchain = compiler.uploaded.iter().flat_map(Toolchain::inputs);
-    let mut entries = Vec::new();
-    for (path, file) in toolchain {
-        let tree_file = TreeFile {
-            digest: file.digest.clone(),
-            executable: file.executable,
-        };
-        entries.push((path, tree_file));
-        blobs.push(Blob::from_file(file.local.clone(), file.digest.clone()));
-    }
-    let tree = build_tree(entries)?;
-    blobs.extend(
-        tree.directories
-            .into_iter()
-            .map(|(_, bytes)| Blob::from_bytes(bytes)),
-    );
-    let (command_digest, command_bytes) = reapi::digest::of_message(&command);
-    let action = re::Action {
-        command_digest: Some(command_digest),
-        input_root_digest: Some(tree.root_digest),
-        do_not_cache: true,
-        platform,
-        ..Default::default()
-    };
-    let (action_digest, action_bytes) = reapi::digest::of_message(&action);
-    blobs.extend(
-        [command_bytes, action_bytes]
-            .into_iter()
-            .map(Blob::from_bytes),
-    );
-    Ok((action_digest, blobs))
-}
-
 /// `name` found in the directories of `PATH`, as the shell would run it.
 fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
@@ -606,4 +496,165 @@ fn on_path(name: &str) -> Option<PathBuf> {
             path.metadata()
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
+    use clap::Parser;
+    use prost::Message;
+
+    use super::*;
+    use crate::jobs::Job;
+    use crate::reapi::BlobSource;
+    use crate::settings::SettingsArgs;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        settings: SettingsArgs,
+    }
+
+    fn settings(args: &[&str]) -> Settings {
+        let args = Args::parse_from(std::iter::once("dtlto-reapi").chain(args.iter().copied()));
+        Settings::with_defaults(args.settings, &|_| "command line".to_owned()).unwrap()
+    }
+
+    /// The message stored in `blobs` under `digest`.
+    fn decode<M: Message + Default>(blobs: &[Blob], digest: &Digest) -> M {
+        let blob = blobs.iter().find(|b| &b.digest == digest).expect("a blob");
+        match &blob.source {
+            BlobSource::Bytes(bytes) => M::decode(bytes.as_slice()).unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A link's planner, made as the runner makes it, for `common_args` and `jobs`.
+    async fn link_planner(
+        settings: &Settings,
+        common_args: &[String],
+        jobs: Vec<Job>,
+        legacy: bool,
+    ) -> Planner {
+        let job_file = JobFile {
+            path: PathBuf::from("a.out.1.dist-file.json"),
+            common_args: common_args.to_vec(),
+            common_inputs: Vec::new(),
+            jobs,
+        };
+        let environment = Arc::new(Environment::new(&settings.pass_env).unwrap());
+        let cwd = std::env::current_dir().unwrap();
+        Planner::with_digest_cache(Arc::new(job_file), settings, environment, cwd, legacy, None)
+            .await
+            .unwrap()
+    }
+
+    /// `check`'s probe is planned by the link planner and built by the links' Action builder: for
+    /// the same compiler, settings and server, its Action digest is the one a link's planner gives
+    /// the same command, and it shares with a real link job's Action everything that is not the
+    /// job's own (salt, platform, environment, how the compiler is launched). Any difference in
+    /// how `check` resolves the toolchain or reads the settings changes the digest.
+    #[tokio::test]
+    async fn the_probe_is_built_as_a_link_builds_its_actions() {
+        // A link job's files, by paths relative to the working directory (the mirror layout).
+        std::fs::create_dir_all("target").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("check-probe-")
+            .tempdir_in("target")
+            .unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        let relative = dir.path().strip_prefix(&cwd).unwrap_or(dir.path());
+        let file = |name: &str| relative.join(name);
+        std::fs::write(file("m.o"), b"BC\xc0\xde not really bitcode").unwrap();
+        std::fs::write(file("m.thinlto.bc"), b"an index shard").unwrap();
+        let job = Job {
+            index: 0,
+            args: ["-c", "-x", "ir", "-o"]
+                .map(str::to_owned)
+                .into_iter()
+                .chain([file("m.native.o").display().to_string()])
+                .chain([file("m.o").display().to_string()])
+                .collect(),
+            inputs: vec![file("m.o"), file("m.thinlto.bc")],
+            outputs: vec![file("m.native.o")],
+        };
+        let compiler = "/usr/bin/true".to_owned();
+        let prepend = vec!["clang".to_owned()];
+        let cases: [(&[&str], bool); 4] = [
+            (&["--layout=mirror"], false),
+            (&["--layout=mirror"], true),
+            (
+                &[
+                    "--layout=mirror",
+                    "--toolchain=worker",
+                    "--platform=OSFamily=linux",
+                    "--platform=pool=big",
+                    "--pass-env=PATH",
+                ],
+                true,
+            ),
+            (&["--layout=mirror", "--remote-compiler=/opt/clang"], false),
+        ];
+        let mut digests = Vec::new();
+        for (args, legacy) in cases {
+            let settings = settings(args);
+            let common_args: Vec<String> = std::iter::once(compiler.clone())
+                .chain(prepend.clone())
+                .collect();
+            let probe = plan_probe(&settings, common_args.clone(), legacy, None)
+                .await
+                .unwrap_or_else(|f| panic!("{}: {}", f.what, f.advice));
+
+            let link = link_planner(&settings, &common_args, Vec::new(), legacy).await;
+            let command = link.plan_command(&["--version".to_owned()]).unwrap();
+            assert_eq!(probe.action, command.action_digest, "{args:?}");
+            digests.push(probe.action.clone());
+
+            // A real job of a link with the same compiler.
+            let mut link_args = common_args.clone();
+            link_args.push("-O2".to_owned());
+            let link = link_planner(&settings, &link_args, vec![job.clone()], legacy).await;
+            let spec = link.plan(&job, &|_, _| {}).unwrap();
+            let probe_action: re::Action = decode(&probe.blobs, &probe.action);
+            let job_action: re::Action = decode(&spec.blobs, &spec.action_digest);
+            assert_eq!(probe_action.salt, job_action.salt, "{args:?}");
+            assert_eq!(probe_action.platform, job_action.platform, "{args:?}");
+            assert!(!probe_action.do_not_cache);
+            let probe_command: re::Command =
+                decode(&probe.blobs, probe_action.command_digest.as_ref().unwrap());
+            let job_command: re::Command =
+                decode(&spec.blobs, job_action.command_digest.as_ref().unwrap());
+            assert_eq!(
+                probe_command.environment_variables, job_command.environment_variables,
+                "{args:?}"
+            );
+            // The compiler as the action runs it, then the shared arguments.
+            let launched = probe_command.arguments.len() - 1;
+            assert_eq!(
+                probe_command.arguments[..launched],
+                job_command.arguments[..launched],
+                "{args:?}"
+            );
+            assert_eq!(probe_command.arguments[launched], "--version");
+            #[allow(deprecated)] // Command.platform and output_files: the legacy fields
+            {
+                assert_eq!(probe_command.platform, job_command.platform, "{args:?}");
+                assert_eq!(job_command.output_files.is_empty(), !legacy);
+                assert_eq!(job_command.output_paths.is_empty(), legacy);
+            }
+            match settings.toolchain {
+                Some(ToolchainMode::Worker) => assert!(!probe_action.salt.is_empty()),
+                _ if settings.remote_compiler.is_some() => {
+                    assert_eq!(probe_command.arguments[0], "/opt/clang");
+                    assert!(!probe_action.salt.is_empty());
+                }
+                _ => assert!(probe.uploaded.is_some() && probe_action.salt.is_empty()),
+            }
+        }
+        // Each setting that shapes an Action shapes the probe's (but the legacy output field:
+        // the probe has no outputs).
+        digests.sort_by(|a, b| a.hash.cmp(&b.hash));
+        digests.dedup();
+        assert_eq!(digests.len(), 3);
+    }
 }

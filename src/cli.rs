@@ -53,9 +53,9 @@ pub enum Command {
 pub struct CheckArgs {
     #[command(flatten)]
     pub settings: SettingsArgs,
-    /// The compiler a link uses, run on a worker: uploaded with the action, or at this path on
-    /// the workers with --remote-compiler or --toolchain=worker [default: --remote-compiler, else
-    /// clang on PATH]
+    /// The compiler a link uses; its `--version` runs on a worker in an Action built as a link's:
+    /// uploaded with the action, at --remote-compiler on the workers, or at its own path with
+    /// --toolchain=worker [default: clang on PATH]
     #[arg(long, value_name = "PATH")]
     pub compiler: Option<PathBuf>,
     /// An argument before `--version`, as lld's --thinlto-remote-compiler-prepend-arg puts one

@@ -38,19 +38,10 @@ pub fn run(job_file_path: &Path, settings: &Settings) -> ExitCode {
         .flat_map(|job| job.outputs.iter().map(PathBuf::as_path))
         .collect();
     staging::remove_leftovers(&outputs);
-    match runtime() {
+    match crate::runtime::runtime() {
         Some(runtime) => runtime.block_on(run_jobs(job_file, settings)),
         None => ExitCode::FAILURE,
     }
-}
-
-/// The async runtime of a command; `None` (after printing why) when it cannot start.
-pub fn runtime() -> Option<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}"))
-        .ok()
 }
 
 async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {

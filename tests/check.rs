@@ -175,10 +175,12 @@ fn a_server_without_execution_suggests_cache_only() {
 fn a_compiler_the_workers_cannot_run_fails_the_execution_step() {
     let server = Server::start::<[&str; 0], &str>([]);
     let remote = format!("--remote={}", server.url());
+    let clang = toolchain().clang.display().to_string();
     let out = check(&[
         &remote,
-        "--toolchain=worker",
-        "--compiler=/nonexistent/clang",
+        "--remote-compiler=/nonexistent/clang",
+        "--compiler",
+        &clang,
     ]);
     assert_fails_at(
         &out,
@@ -186,14 +188,17 @@ fn a_compiler_the_workers_cannot_run_fails_the_execution_step() {
         "exited with 127",
         "--remote-compiler",
     );
-    // Uploading it, the check finds out here that there is nothing to upload.
-    let out = check(&[&remote, "--compiler=/nonexistent/clang"]);
-    assert_fails_at(
-        &out,
-        "remote execution",
-        "the compiler /nonexistent/clang",
-        "give --compiler",
-    );
+    // A link identifies its compiler on this machine: one that is not here fails before anything
+    // is sent, in either mode.
+    for mode in ["--toolchain=upload", "--toolchain=worker"] {
+        let out = check(&[&remote, mode, "--compiler=/nonexistent/clang"]);
+        assert_fails_at(
+            &out,
+            "remote execution",
+            "/nonexistent/clang",
+            "give --compiler",
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Result, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
@@ -24,8 +24,8 @@ use super::uploads::Uploads;
 use crate::advice;
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
-use crate::reapi::{self, Blob, CallContext, Client, ConnectionOptions, Digest, ReapiError, Stage};
-use crate::settings::{Compression, Mode, Settings, Strategy};
+use crate::reapi::{self, Blob, CallContext, Client, Digest, ReapiError, Stage};
+use crate::settings::{Mode, Settings, Strategy};
 use crate::staging::StagedOutputs;
 use crate::stats::{Degraded, JobRecord, Ran, ServerTimes, Status};
 use crate::trace;
@@ -91,44 +91,10 @@ impl From<&ReapiError> for RemoteFailure {
     }
 }
 
-/// Connection options from the settings.
-pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
-    let Some(endpoint) = &settings.remote else {
-        bail!(
-            "--mode={} needs --remote=URL",
-            serde_json::to_value(settings.mode)?.as_str().unwrap_or("?")
-        );
-    };
-    let mut options = ConnectionOptions::new(endpoint.as_str());
-    options.instance_name = settings.instance_name.clone();
-    options.headers = settings
-        .remote_header
-        .iter()
-        .map(|h| (h.name.clone(), h.value.clone()))
-        .collect();
-    options.credential_helpers = settings
-        .credential_helper
-        .iter()
-        .map(|h| h.helper.clone())
-        .collect();
-    options.credential_helper_timeout = Duration::from_secs(settings.credential_helper_timeout);
-    options.tls.ca_cert = settings.tls_ca_cert.clone();
-    options.tls.client_cert = settings.tls_client_cert.clone();
-    options.tls.client_key = settings.tls_client_key.clone();
-    options.timeout = Duration::from_secs(settings.remote_timeout);
-    options.execute_timeout = Duration::from_secs(settings.remote_execute_timeout);
-    options.max_retries = settings.remote_retries;
-    options.correlated_invocations_id = settings.invocation_id.clone();
-    // Every job in flight may hold a call (an Execute stream), plus a few transfers.
-    options.concurrent_calls = settings.remote_jobs + settings.jobs;
-    options.compression = settings.remote_compression == Compression::Auto;
-    Ok(options)
-}
-
 impl RemoteExecutor {
     /// Connects, reading the server's capabilities, and checks that it offers what the mode needs.
     pub async fn connect(ctx: &RunContext, settings: &Settings) -> Result<RemoteExecutor> {
-        let options = connection_options(settings)?;
+        let options = crate::remote_options::connection_options(settings)?;
         let client = Client::connect(&options).await?;
         if let Some(warning) = client.clear_text_warning() {
             ctx.reporter.warn_once("clear-text-headers", &warning);

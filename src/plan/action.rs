@@ -55,7 +55,7 @@ pub struct ActionSpec {
 }
 
 /// The platform of `properties`, sorted as REAPI requires; `None` without any.
-pub fn platform(properties: &[(String, String)]) -> Option<Platform> {
+fn platform(properties: &[(String, String)]) -> Option<Platform> {
     let mut properties: Vec<platform::Property> = properties
         .iter()
         .map(|(name, value)| platform::Property {
@@ -105,6 +105,74 @@ pub fn build(
     digests: &FileDigests,
     options: &ActionOptions,
 ) -> Result<ActionSpec, String> {
+    let rename = |arg: &str| layout.renames.get(arg).cloned();
+    let mut arguments = Vec::with_capacity(job_file.common_args.len() + job.args.len());
+    arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
+    arguments.extend(rewrite_args(&job.args, rename));
+    let assembled = assemble(job_file.compiler(), arguments, &layout, digests, options)?;
+
+    let input = |path: &Path, digest: Option<&Digest>| InputPart {
+        path: path.to_owned(),
+        digest: digest.map_or_else(String::new, |d| digest::display(d).to_string()),
+    };
+    let digest_of = |path: &Path| digests.get(path).map(|info| &info.digest);
+    let parts = ActionParts {
+        command: digest::display(&assembled.command_digest).to_string(),
+        input_root: digest::display(&assembled.input_root).to_string(),
+        compiler: digest::display(&options.toolchain.identity.digest).to_string(),
+        flags: job_file.common_args.iter().skip(1).cloned().collect(),
+        platform: assembled.platform,
+        module: input(job.module(), digest_of(job.module())),
+        index_shard: input(
+            job.index_shard(),
+            assembled
+                .rewritten_shard
+                .as_ref()
+                .or_else(|| digest_of(job.index_shard())),
+        ),
+        imports: job
+            .imports()
+            .iter()
+            .map(|import| input(import, digest_of(import)))
+            .collect(),
+    };
+    Ok(ActionSpec {
+        action_digest: assembled.action_digest,
+        blobs: assembled.blobs,
+        outputs: layout.outputs,
+        layout: layout.kind,
+        toolchain_blobs: options.toolchain_blobs.clone(),
+        parts,
+    })
+}
+
+/// A Command and its Action, hashed, with the blobs that make them up.
+#[derive(Debug)]
+pub struct Assembled {
+    pub action_digest: Digest,
+    pub command_digest: Digest,
+    pub input_root: Digest,
+    /// Action, Command, Directories and input files; not the toolchain's files (see
+    /// [`ActionOptions::toolchain_blobs`]).
+    pub blobs: Vec<Blob>,
+    /// The platform properties, `NAME=VALUE`, sorted.
+    pub platform: Vec<String>,
+    /// The digest of the index shard the layout rewrote, if it did.
+    pub rewritten_shard: Option<Digest>,
+}
+
+/// The one builder of Actions, for a link's jobs and for `check`'s probe alike: `compiler`
+/// followed by `arguments` (already renamed for `layout`), run in `layout`'s working directory
+/// with its inputs, the toolchain and the remote settings of `options`. So what `check` runs on a
+/// worker is built exactly as a link's Actions are (salt, output fields, working directory,
+/// environment, platform).
+pub fn assemble(
+    compiler: &str,
+    arguments: Vec<String>,
+    layout: &Layout,
+    digests: &FileDigests,
+    options: &ActionOptions,
+) -> Result<Assembled, String> {
     let mut blobs = Vec::new();
     let mut tree_entries = Vec::with_capacity(layout.inputs.len());
     for (path, local) in &layout.inputs {
@@ -151,20 +219,18 @@ pub fn build(
     }
     let tree = build_tree(tree_entries)?;
 
-    let rename = |arg: &str| layout.renames.get(arg).cloned();
-    let mut arguments = Vec::with_capacity(job_file.common_args.len() + job.args.len());
+    let mut command_line = Vec::with_capacity(toolchain.launch().len().max(1) + arguments.len());
     if toolchain.launch().is_empty() {
-        arguments.push(
+        command_line.push(
             options
                 .remote_compiler
                 .clone()
-                .unwrap_or_else(|| job_file.compiler().to_owned()),
+                .unwrap_or_else(|| compiler.to_owned()),
         );
     } else {
-        arguments.extend(toolchain.launch().iter().cloned());
+        command_line.extend(toolchain.launch().iter().cloned());
     }
-    arguments.extend(rewrite_args(&job_file.common_args[1..], rename));
-    arguments.extend(rewrite_args(&job.args, rename));
+    command_line.extend(arguments);
 
     let platform = platform(&options.platform);
 
@@ -175,7 +241,7 @@ pub fn build(
         .collect();
     #[allow(deprecated)] // output_files is what servers below API 2.1 understand
     let command = Command {
-        arguments,
+        arguments: command_line,
         environment_variables: options.environment.to_command(),
         output_files: if options.legacy_output_files {
             output_names.clone()
@@ -205,55 +271,32 @@ pub fn build(
         ..Default::default()
     };
     let (action_digest, action_bytes) = digest::of_message(&action);
-    let input = |path: &Path, digest: Option<&Digest>| InputPart {
-        path: path.to_owned(),
-        digest: digest.map_or_else(String::new, |d| digest::display(d).to_string()),
-    };
-    let digest_of = |path: &Path| digests.get(path).map(|info| &info.digest);
-    let parts = ActionParts {
-        command: digest::display(&command_digest).to_string(),
-        input_root: digest::display(&tree.root_digest).to_string(),
-        compiler: digest::display(&toolchain.identity.digest).to_string(),
-        flags: job_file.common_args.iter().skip(1).cloned().collect(),
-        platform: action
-            .platform
-            .iter()
-            .flat_map(|p| &p.properties)
-            .map(|p| format!("{}={}", p.name, p.value))
-            .collect(),
-        module: input(job.module(), digest_of(job.module())),
-        index_shard: input(
-            job.index_shard(),
-            rewritten_shard
-                .as_ref()
-                .or_else(|| digest_of(job.index_shard())),
-        ),
-        imports: job
-            .imports()
-            .iter()
-            .map(|import| input(import, digest_of(import)))
-            .collect(),
-    };
+    let platform = action
+        .platform
+        .iter()
+        .flat_map(|p| &p.properties)
+        .map(|p| format!("{}={}", p.name, p.value))
+        .collect();
 
     blobs.extend(tree.directories.into_iter().map(|(digest, bytes)| Blob {
         digest,
         source: BlobSource::Bytes(bytes),
     }));
     blobs.push(Blob {
-        digest: command_digest,
+        digest: command_digest.clone(),
         source: BlobSource::Bytes(command_bytes),
     });
     blobs.push(Blob {
         digest: action_digest.clone(),
         source: BlobSource::Bytes(action_bytes),
     });
-    Ok(ActionSpec {
+    Ok(Assembled {
         action_digest,
+        command_digest,
+        input_root: tree.root_digest,
         blobs,
-        outputs: layout.outputs,
-        layout: layout.kind,
-        toolchain_blobs: options.toolchain_blobs.clone(),
-        parts,
+        platform,
+        rewritten_shard,
     })
 }
 

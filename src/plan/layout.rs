@@ -241,6 +241,12 @@ pub fn canonical(
 pub(crate) const SHARD_NAME: &str = ".dtlto-reapi/index.thinlto.bc";
 
 impl Layout {
+    /// The layout of a command without files of its own (`check`'s probe): the input root holds
+    /// only the toolchain, and is the working directory.
+    pub fn bare(kind: LayoutKind) -> Layout {
+        Layout::new(kind, String::new())
+    }
+
     fn new(kind: LayoutKind, working_directory: String) -> Layout {
         Layout {
             kind,

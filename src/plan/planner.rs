@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::action::{self, ActionOptions, ActionSpec};
+use super::action::{self, ActionOptions, ActionSpec, Assembled};
 use super::args;
 use super::digests::{FileDigests, HashingStats};
 use super::environment::Environment;
@@ -58,6 +58,27 @@ impl Planner {
         cwd: PathBuf,
         legacy_output_files: bool,
     ) -> Result<Planner> {
+        let cache_file = DigestCache::default_file();
+        Planner::with_digest_cache(
+            job_file,
+            settings,
+            environment,
+            cwd,
+            legacy_output_files,
+            cache_file,
+        )
+        .await
+    }
+
+    /// [`Planner::new`] with the digest cache kept in `cache_file` (`None`: in memory only).
+    pub async fn with_digest_cache(
+        job_file: Arc<JobFile>,
+        settings: &Settings,
+        environment: Arc<Environment>,
+        cwd: PathBuf,
+        legacy_output_files: bool,
+        cache_file: Option<PathBuf>,
+    ) -> Result<Planner> {
         let platform = platform_properties(settings)?;
         let (job_file, refused) = with_named_files(job_file, &cwd);
         let planned_job_file = job_file.clone();
@@ -67,7 +88,7 @@ impl Planner {
         // both, saved once (a lost save only costs hashing again next time).
         let job_file_path = job_file.path.clone();
         let cache = tokio::task::spawn_blocking(move || {
-            let cache = DigestCache::open(DigestCache::default_file());
+            let cache = DigestCache::open(cache_file);
             // lld wrote it just now: the clock of the file system the link's files are on.
             cache.written_now(&job_file_path);
             Arc::new(cache)
@@ -172,6 +193,36 @@ impl Planner {
         })
     }
 
+    /// The Action of a command that is not one of the link's jobs: the link's compiler and shared
+    /// arguments followed by `args`, with no input files of its own and no outputs, built by the
+    /// same [`action::assemble`] as every job's Action. `check` runs its probe (`--version`) so.
+    pub fn plan_command(&self, args: &[String]) -> Result<Assembled, NotRemotable> {
+        if let Some(refused) = &self.refused {
+            return Err(refused.clone());
+        }
+        let layout = layout::Layout::bare(self.layout);
+        let job_file = &*self.job_file;
+        let rename = |arg: &str| layout.renames.get(arg).cloned();
+        let mut arguments = args::rewrite_args(&job_file.common_args[1..], rename);
+        arguments.extend_from_slice(args);
+        action::assemble(
+            job_file.compiler(),
+            arguments,
+            &layout,
+            &self.digests,
+            &self.options,
+        )
+        .map_err(|e| NotRemotable {
+            cause: "planning",
+            detail: format!("cannot plan the action: {e}"),
+        })
+    }
+
+    /// Upload mode: the toolchain's files as blobs, the same for every Action of the link.
+    pub fn toolchain_blobs(&self) -> &Arc<[Blob]> {
+        &self.options.toolchain_blobs
+    }
+
     /// Canonical when asked for and possible, else mirror.
     fn layout(
         &self,
@@ -228,7 +279,7 @@ fn with_named_files(job_file: Arc<JobFile>, cwd: &Path) -> (Arc<JobFile>, Option
 }
 
 /// The platform properties, `(NAME, VALUE)`.
-pub(crate) fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
+fn platform_properties(settings: &Settings) -> Result<Vec<(String, String)>> {
     Ok(settings
         .platform
         .iter()
