@@ -16,15 +16,18 @@
 # links measure compiles, not the compiler's one-time upload; in `slow` and `distant` each link adds
 # a backend flag of its own (-DBENCH_LINK=n, which changes nothing in the objects) so that its
 # actions are new to the cluster, and in `relink` and `imports` each link edits the module anew.
-# The server runs in a session of its own (setsid): where the kernel groups CPU time by session
-# (sched_autogroup), a cluster in the link's session would take its CPU from the link's own local
-# compiles, which no separate cluster does; in its own session it competes like another machine's
-# load would, no more.
+# The cluster is another machine, so the machine's cores are split: the link (clang, lld, the
+# distributor and its local compiles) runs on the first half (`taskset`), the server and its actions
+# on the other half, in a session of its own (`setsid`, so that where the kernel shares CPU time by
+# session, sched_autogroup, it does not share the link's). On one machine whose cores both sides
+# shared, every action the cluster ran would take its CPU from the local compiles, which no separate
+# cluster does (measured: local compiles 40-60% slower during a race, as the server's actions cost
+# more than the local compiles they race). --jobs and the server's workers are each half the cores.
 # Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
 # remote, and where racing's jobs ended (won locally / won remotely / cache hits). Fails unless
 # every program prints what the local one prints.
 #
-# Environment: MODULES (60), FUNCTIONS per module (16), JOBS (nproc), RUNS (3), SLOW_MS (1500),
+# Environment: MODULES (60), FUNCTIONS per module (16), JOBS (half the cores), RUNS (3), SLOW_MS (1500),
 # LATENCY_MS (50), BANDWIDTH (20Mbit), IMPORT_MODULES (300) and IMPORTS (100) of the `imports`
 # project (1 function per module), SCENARIOS ("slow distant relink imports"), DISTRIBUTOR (the
 # dtlto-reapi binary to measure; default: this checkout's release build), KEEP_PROJECT=1 (reuse
@@ -36,7 +39,14 @@ source "$root/bench/project.sh"
 distributor=${DISTRIBUTOR:-$distributor}
 modules=${MODULES:-60}
 functions=${FUNCTIONS:-16}
-jobs=${JOBS:-$(nproc)}
+cores=$(nproc)
+if ((cores >= 2)); then
+    half=$((cores / 2))
+    link_cpus=0-$((half - 1)) serve_cpus=$half-$((cores - 1))
+else
+    half=1 link_cpus=0 serve_cpus=0
+fi
+jobs=${JOBS:-$half}
 runs=${RUNS:-3}
 slow_ms=${SLOW_MS:-1500}
 latency=${LATENCY_MS:-50}
@@ -60,7 +70,7 @@ else
     )
 fi
 trap stop_server EXIT
-serve_session=new
+serve_launch=(setsid taskset -c "$serve_cpus")
 : >"$out/times.tsv"
 link_count=0
 
@@ -78,7 +88,7 @@ link() {
         *) args+=(-Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy="$variant") ;;
     esac
     local start=$EPOCHREALTIME
-    "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
+    taskset -c "$link_cpus" "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
         "${args[@]}" "$@" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
     local end=$EPOCHREALTIME
     python3 - "$stats" "$scenario" "$label" "$(python3 -c "print($end - $start)")" >>"$out/times.tsv" <<'PY'
@@ -108,20 +118,22 @@ prime() {
 }
 
 edits=0
+# Each run's edits are new to lld's cache and the cluster's, even with KEEP_PROJECT=1.
+run_id=${EPOCHREALTIME/[.,]/}
 # edit SCENARIO: a new version of one module in the middle of the chain (a new variable, which
-# changes no program), recompiled; its own job runs again, and so does every job that imports from
-# it (ThinLTO keys a backend job by the modules it imports from): none in `relink`, about $IMPORTS
+# changes no program, with a value no earlier link saw), recompiled; its own job runs again, and so
+# does every job that imports from it (ThinLTO keys a backend job by the modules it imports from): none in `relink`, about $IMPORTS
 # in `imports`.
 edit() {
     edits=$((edits + 1))
     local edited
     if [[ $1 == imports ]]; then edited=$(printf 'm%04d' $((import_modules / 2))); else edited=$(printf 'm%04d' $((modules / 2))); fi
-    sed -i '/^int bench_edit = /d' "$edited.c"
-    echo "int bench_edit = $edits;" >>"$edited.c"
+    sed -i '/ bench_edit/d' "$edited.c"
+    echo "const char bench_edit[] = \"$run_id-$edits\";" >>"$edited.c"
     "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c "$edited.c" -o "$edited.o"
 }
 
-say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
+say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $cores cores: the link on $link_cpus, the server on $serve_cpus"
 for scenario in $scenarios; do
     if [[ $scenario == imports ]]; then cd "$out/imports"; else cd "$main_project"; fi
     case $scenario in
