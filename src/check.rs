@@ -489,13 +489,7 @@ async fn output_of(
 
 /// `name` found in the directories of `PATH`, as the shell would run it.
 fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|path| {
-            use std::os::unix::fs::PermissionsExt as _;
-            path.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    crate::platform::find_on_path(std::ffi::OsStr::new(name), |_| true)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+#[cfg(unix)]
 use crate::server::ServeArgs;
 use crate::settings::SettingsArgs;
 
@@ -33,11 +34,21 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Without `serve`'s arguments (Windows), `check`'s are the one large variant; parsed once per run.
+#[cfg_attr(windows, allow(clippy::large_enum_variant))]
 pub enum Command {
     /// Print the effective settings and where each one came from.
     Config(Box<ConfigArgs>),
     /// Run a small REAPI v2 server (for tests, CI and single machines).
+    #[cfg(unix)]
     Serve(ServeArgs),
+    /// Run a small REAPI v2 server: Linux only (its actions run in Linux namespaces).
+    #[cfg(windows)]
+    #[command(disable_help_flag = true)]
+    Serve {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<OsString>,
+    },
     /// Check, step by step, that a link with these settings would work on the cluster.
     Check(CheckArgs),
     /// Run a link with the options that make lld use this distributor added (see `link`).
@@ -45,6 +56,7 @@ pub enum Command {
     /// Say why the jobs of a link missed the cache, from the --stats-json of an earlier link and of it.
     Explain(ExplainArgs),
     /// The reaper of a distributor's local compiles (started by the distributor itself).
+    #[cfg(unix)]
     #[command(name = crate::executor::reaper::SUBCOMMAND, hide = true)]
     ReapLocalCompiles,
 }

@@ -13,7 +13,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -151,7 +150,9 @@ fn discover_config_file() -> Result<Option<PathBuf>> {
 /// group-writable unless the group is this user's primary group (a user-private group, as with
 /// umask 002). Directories further up are not checked: whoever swaps one of them can only put
 /// files of their own in place, which fail the owner check.
+#[cfg(unix)]
 fn untrusted(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
     // SAFETY: geteuid and getegid cannot fail.
     let (me, my_group) = unsafe { (libc::geteuid(), libc::getegid()) };
     let others_may_write = |meta: &fs::Metadata| {
@@ -194,6 +195,24 @@ fn untrusted(path: &Path) -> Option<String> {
     }
     let sticky = dir_meta.mode() & 0o1000 != 0;
     (others_may_write(&dir_meta) && !sticky).then(|| writable(&what, &dir_meta))
+}
+
+/// On Windows: the file and its directory must belong to this user (see
+/// `platform::foreign_writable`; access lists are inherited and not inspected).
+#[cfg(windows)]
+fn untrusted(path: &Path) -> Option<String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    [
+        ("it".to_owned(), path),
+        (format!("its directory {}", dir.display()), dir),
+    ]
+    .into_iter()
+    .find_map(|(what, path)| match fs::metadata(path) {
+        Ok(meta) => {
+            crate::platform::foreign_writable(path, &meta).map(|why| format!("{what} {why}"))
+        }
+        Err(_) => Some(format!("{what} cannot be inspected")),
+    })
 }
 
 /// Reads a TOML config file into the same shape as the command-line settings, rejecting unknown keys

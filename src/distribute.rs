@@ -7,13 +7,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::advice;
 use crate::executor::remote::RemoteExecutor;
 use crate::executor::{self, RunContext, Runner};
 use crate::jobs::JobFile;
+use crate::platform;
 use crate::reapi::ReapiError;
 use crate::report::{Reporter, RunTotals};
 use crate::settings::{Mode, Settings};
@@ -149,36 +149,32 @@ async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     }
 }
 
-/// The exit status after SIGINT/SIGTERM/SIGHUP: 128 + the signal, as a shell reports it.
+/// The exit status after SIGINT/SIGTERM/SIGHUP: 128 + the signal, as a shell reports it (on
+/// Windows, 128 + the number the C runtime gives the console event: 130 for Ctrl-C).
 fn interrupted(reporter: &Reporter, signalled: &AtomicI32) -> ExitCode {
     let signo = signalled.load(Ordering::Relaxed);
     reporter.error(&format!(
-        "interrupted by signal {signo}; no partial outputs were left"
+        "interrupted by {}; no partial outputs were left",
+        platform::describe_interrupt(signo)
     ));
     ExitCode::from(128u8.saturating_add(u8::try_from(signo).unwrap_or(0)))
 }
 
-/// Cancels the run on the first SIGINT, SIGTERM or SIGHUP (a closed terminal) and remembers which
-/// signal it was. A second SIGINT is an impatient user: the process exits at once, its compiles die
+/// Cancels the run on the first SIGINT, SIGTERM or SIGHUP (a closed terminal) — on Windows Ctrl-C,
+/// Ctrl-Break or the console closing — and remembers which it was. A second SIGINT (Ctrl-C) is an impatient user: the process exits at once, its compiles die
 /// with it (see `executor::child`), and the next run removes the staged files it leaves.
 fn watch_signals(
     cancel: CancellationToken,
     signalled: Arc<AtomicI32>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
+    let mut interrupts = platform::Interrupts::new()?;
     Ok(tokio::spawn(async move {
-        let signo = tokio::select! {
-            _ = interrupt.recv() => libc::SIGINT,
-            _ = terminate.recv() => libc::SIGTERM,
-            _ = hangup.recv() => libc::SIGHUP,
-        };
+        let signo = interrupts.next().await;
         signalled.store(signo, Ordering::Relaxed);
         cancel.cancel();
-        interrupt.recv().await;
+        interrupts.next_interrupt().await;
         eprintln!("dtlto-reapi: error: interrupted again; exiting at once");
-        std::process::exit(128 + libc::SIGINT);
+        std::process::exit(128 + platform::INTERRUPT);
     }))
 }
 

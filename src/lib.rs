@@ -22,11 +22,13 @@ pub mod explain;
 pub(crate) mod jobs;
 pub mod logging;
 pub(crate) mod plan;
+pub(crate) mod platform;
 pub mod reapi;
 pub(crate) mod remote_options;
 pub(crate) mod report;
 pub(crate) mod response_files;
 pub(crate) mod runtime;
+#[cfg(unix)]
 pub mod server;
 pub mod settings;
 pub(crate) mod staging;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use dtlto_reapi::cli::{Cli, Command};
-use dtlto_reapi::{check, config, distribute, executor, explain, logging, server, wrapper};
+use dtlto_reapi::{check, config, distribute, explain, wrapper};
 
 fn main() -> ExitCode {
     // Invoked as `<driver>-dtlto`: `dtlto-reapi link <driver> ARGS`.
@@ -23,11 +23,18 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     match cli.command {
+        #[cfg(unix)]
         Some(Command::Serve(args)) => {
-            logging::init(false);
-            report(server::run(args))
+            dtlto_reapi::logging::init(false);
+            report(dtlto_reapi::server::run(args))
         }
-        Some(Command::ReapLocalCompiles) => executor::reaper::run(),
+        #[cfg(windows)]
+        Some(Command::Serve { .. }) => report(Err(anyhow::anyhow!(
+            "serve: the REAPI server runs on Linux only (it isolates actions with Linux namespaces); \
+             run it on a Linux machine and point this distributor at it with --remote"
+        ))),
+        #[cfg(unix)]
+        Some(Command::ReapLocalCompiles) => dtlto_reapi::executor::reaper::run(),
         Some(Command::Link(args)) => {
             let verbose = args.verbose || wrapper::verbose_from_env();
             report(Err(wrapper::exec(&args.driver, &args.args, verbose)))

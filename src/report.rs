@@ -162,7 +162,7 @@ impl Reporter {
                 job_file: job_file.to_owned(),
                 mode: totals.mode.to_owned(),
                 wall_ms: wall.as_millis() as u64,
-                cpu_ms: own_cpu().as_millis() as u64,
+                cpu_ms: crate::platform::own_cpu().as_millis() as u64,
                 transfers: totals.transfers,
                 toolchain: totals.toolchain.clone(),
                 inputs: totals.inputs,
@@ -175,23 +175,6 @@ impl Reporter {
         }
         Ok(())
     }
-}
-
-/// The CPU time this process has used so far, user and system; not its children's.
-fn own_cpu() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
-            return Duration::ZERO;
-        }
-        usage
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Where a per-link file (`--stats-json PATH`, `--trace PATH`) goes: PATH itself, or, when PATH is a

@@ -10,7 +10,8 @@
 //! backslashes in single quotes differently), hence the few lines here.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+
+use crate::platform::os_string_from_bytes;
 
 /// How deeply response files may name response files (a cycle stops here).
 const MAX_DEPTH: usize = 32;
@@ -24,9 +25,9 @@ pub fn expand(args: &[OsString]) -> Vec<OsString> {
 
 fn expand_into(args: &[OsString], depth: usize, out: &mut Vec<OsString>) {
     for arg in args {
-        let contents = match arg.as_bytes().strip_prefix(b"@") {
+        let contents = match arg.as_encoded_bytes().strip_prefix(b"@") {
             Some(path) if !path.is_empty() && depth < MAX_DEPTH => {
-                std::fs::read(std::ffi::OsStr::from_bytes(path)).ok()
+                std::fs::read(os_string_from_bytes(path.to_vec())).ok()
             }
             _ => None,
         };
@@ -59,13 +60,13 @@ fn split(text: &[u8]) -> Vec<OsString> {
             }
             (None, _) if byte.is_ascii_whitespace() => {
                 if let Some(arg) = current.take() {
-                    args.push(OsString::from_vec(arg));
+                    args.push(os_string_from_bytes(arg));
                 }
             }
             (None, _) => current.get_or_insert_default().push(byte),
         }
     }
-    args.extend(current.map(OsString::from_vec));
+    args.extend(current.map(os_string_from_bytes));
     args
 }
 

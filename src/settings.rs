@@ -72,6 +72,8 @@ pub struct Settings {
     pub tls_client_key: Option<PathBuf>,
     pub platform: Vec<PlatformProperty>,
     pub remote_compiler: Option<String>,
+    /// The compiler uploaded for the workers instead of the local one.
+    pub upload_compiler: Option<PathBuf>,
     /// None: upload where possible.
     pub toolchain: Option<ToolchainMode>,
     /// Variables of this environment that every compile gets (and every Action key holds).
@@ -160,6 +162,7 @@ impl Settings {
             tls_client_key: layers.tls_client_key,
             platform,
             remote_compiler: layers.remote_compiler,
+            upload_compiler: layers.upload_compiler,
             toolchain: layers.toolchain,
             pass_env: layers.pass_env.unwrap_or_default(),
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
@@ -389,6 +392,14 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_REMOTE_COMPILER", value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_compiler: Option<String>,
+
+    /// The compiler to upload for the workers when it is not the local one, e.g. a static Linux
+    /// clang or zig kept on a Windows machine's disk: its bytes are in every Action key, and local
+    /// compiles (which run the local compiler) are then not stored in the caches [default: the
+    /// local compiler, common.args[0]]
+    #[arg(long, env = "DTLTO_REAPI_UPLOAD_COMPILER", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upload_compiler: Option<PathBuf>,
 
     /// How actions get the compiler: upload (the compiler and the libraries it needs are inputs of
     /// every action) or worker (the workers have it at --remote-compiler, else at the local path)

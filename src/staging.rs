@@ -138,7 +138,8 @@ pub fn remove_leftovers(outputs: &[&Path]) {
         };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let dead = staging_pid(&name.to_string_lossy()).is_some_and(|pid| !is_alive(pid));
+            let dead = staging_pid(&name.to_string_lossy())
+                .is_some_and(|pid| !crate::platform::is_alive(pid));
             if dead && entry.file_type().is_ok_and(|t| t.is_file()) {
                 let _ = std::fs::remove_file(entry.path());
             }
@@ -147,7 +148,7 @@ pub fn remove_leftovers(outputs: &[&Path]) {
 }
 
 /// The process id in a staged name `.<name>.dtlto-<pid>-<random>.tmp`.
-fn staging_pid(name: &str) -> Option<libc::pid_t> {
+fn staging_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix('.')?.strip_suffix(SUFFIX)?;
     let (_, tail) = rest.rsplit_once(MARKER)?;
     let (pid, random) = tail.split_once('-')?;
@@ -155,13 +156,6 @@ fn staging_pid(name: &str) -> Option<libc::pid_t> {
         return None;
     }
     pid.parse().ok().filter(|pid| *pid > 0)
-}
-
-/// Whether process `pid` exists (as kill(2) sees it: one of another user's counts too).
-fn is_alive(pid: libc::pid_t) -> bool {
-    // SAFETY: signal 0 only checks whether the target exists.
-    let found = unsafe { libc::kill(pid, 0) } == 0;
-    found || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename), for files

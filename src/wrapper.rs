@@ -26,17 +26,17 @@
 //!
 //! The distributor's own options come from the environment and the config file, as for any run.
 //! The driver replaces this process (`exec`), so its exit status, or the signal that ended it, is
-//! exactly what the build system sees.
+//! exactly what the build system sees. Windows has no `exec`: there the wrapper runs the driver,
+//! leaves Ctrl-C to it, and exits with its exit code.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail};
+
+use crate::platform::{self, os_string_from_bytes};
 
 /// The suffix that makes a symlink or copy of this binary a wrapper of the driver named before it:
 /// `clang-dtlto` runs `clang`.
@@ -47,22 +47,33 @@ pub const NAME_SUFFIX: &str = "-dtlto";
 const IN_LINK_ENV: &str = "DTLTO_REAPI_IN_LINK";
 
 /// The driver this process wraps when it was invoked as `<driver>-dtlto` (a symlink or copy), and
-/// is not the distributor that such a link runs.
+/// is not the distributor that such a link runs (on Windows `<driver>-dtlto.exe`).
 pub fn wrapped_driver(argv0: &OsStr) -> Option<OsString> {
-    let name = Path::new(argv0).file_name()?.as_bytes();
+    let name = program_name(Path::new(argv0).file_name()?);
     let driver = name.strip_suffix(NAME_SUFFIX.as_bytes())?;
     (!driver.is_empty() && std::env::var_os(IN_LINK_ENV).is_none())
-        .then(|| OsStr::from_bytes(driver).to_owned())
+        .then(|| os_string_from_bytes(driver.to_vec()))
 }
 
-/// Runs `driver args…` with the DTLTO options added, in place of this process; with `verbose`, one
-/// note says what was added or why nothing was. Returns only when the driver cannot be found or
-/// started.
+/// A program's file name without the `.exe` Windows adds (`clang-cl.exe` is `clang-cl`).
+fn program_name(file_name: &OsStr) -> &[u8] {
+    let name = file_name.as_encoded_bytes();
+    let at = name.len().saturating_sub(4);
+    match name.split_at_checked(at) {
+        Some((stem, ext)) if cfg!(windows) && ext.eq_ignore_ascii_case(b".exe") => stem,
+        _ => name,
+    }
+}
+
+/// Runs `driver args…` with the DTLTO options added, in place of this process (on Windows: runs it
+/// and exits with its exit code); with `verbose`, one note says what was added or why nothing was.
+/// Returns only when the driver cannot be found or started.
 pub fn exec(driver: &OsStr, args: &[OsString], verbose: bool) -> anyhow::Error {
     match prepare(driver, args, verbose) {
-        Ok(mut cmd) => {
+        Ok(cmd) => {
             let program = cmd.get_program().to_owned();
-            anyhow!(cmd.exec()).context(format!("cannot run {}", program.display()))
+            anyhow!(platform::run_in_place(cmd))
+                .context(format!("cannot run {}", program.display()))
         }
         Err(e) => e,
     }
@@ -86,7 +97,7 @@ fn prepare(driver: &OsStr, args: &[OsString], verbose: bool) -> Result<Command> 
     let path = resolve_driver(driver, &this)?;
     let name = Path::new(driver)
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
+        .map(|n| String::from_utf8_lossy(program_name(n)).into_owned())
         .unwrap_or_default();
     // Decided on the arguments the driver will see, response files expanded; passed on as given.
     let seen = crate::response_files::expand(args);
@@ -140,7 +151,10 @@ impl DriverKind {
             DriverKind::Coff
         } else if name.contains("lld") {
             // `lld` and `rust-lld` need `-flavor`; `ld.lld` is the ELF driver.
-            match flag_value(args, "-flavor").as_deref().map(OsStr::as_bytes) {
+            match flag_value(args, "-flavor")
+                .as_deref()
+                .map(OsStr::as_encoded_bytes)
+            {
                 Some(b"gnu") => DriverKind::Elf,
                 Some(b"link") => DriverKind::Coff,
                 None if name.starts_with("ld.") => DriverKind::Elf,
@@ -360,8 +374,8 @@ fn compile_only(kind: &DriverKind, args: &[OsString]) -> bool {
     };
     args.iter().any(|a| {
         flags.iter().any(|f| a == *f)
-            || a.as_bytes().starts_with(b"-print-")
-            || a.as_bytes().starts_with(b"--print-")
+            || a.as_encoded_bytes().starts_with(b"-print-")
+            || a.as_encoded_bytes().starts_with(b"--print-")
     })
 }
 
@@ -384,8 +398,8 @@ fn flag_value(args: &[OsString], flag: &str) -> Option<OsString> {
     for (i, a) in args.iter().enumerate() {
         if a == flag {
             value = args.get(i + 1).cloned();
-        } else if let Some(v) = a.as_bytes().strip_prefix(with_eq.as_bytes()) {
-            value = Some(OsStr::from_bytes(v).to_owned());
+        } else if let Some(v) = a.as_encoded_bytes().strip_prefix(with_eq.as_bytes()) {
+            value = Some(os_string_from_bytes(v.to_vec()));
         }
     }
     value
@@ -396,7 +410,7 @@ fn lto_enabled(args: &[OsString]) -> bool {
     args.iter()
         .rev()
         .find_map(|a| {
-            let a = a.as_bytes();
+            let a = a.as_encoded_bytes();
             if a == b"-fno-lto" {
                 Some(false)
             } else if a == b"-flto" || a.starts_with(b"-flto=") {
@@ -478,7 +492,15 @@ fn is_script(path: &Path) -> bool {
 /// The executable that `clang -###` shows running `-cc1`: clang's own binary.
 fn clang_executable(clang: &Path) -> Option<PathBuf> {
     let out = Command::new(clang)
-        .args(["-###", "-c", "-x", "c", "/dev/null", "-o", "/dev/null"])
+        .args([
+            "-###",
+            "-c",
+            "-x",
+            "c",
+            platform::NULL_DEVICE,
+            "-o",
+            platform::NULL_DEVICE,
+        ])
         .stdin(Stdio::null())
         .output()
         .ok()?;
@@ -508,7 +530,7 @@ fn cc1_executable(line: &str) -> Option<PathBuf> {
 
 /// The driver to run: a path as given, or the first `driver` on PATH that is not this binary.
 fn resolve_driver(driver: &OsStr, this: &Path) -> Result<PathBuf> {
-    if driver.as_bytes().contains(&b'/') {
+    if platform::names_a_path(driver) {
         return Ok(PathBuf::from(driver));
     }
     match find_on_path(driver, this) {
@@ -524,14 +546,7 @@ fn resolve_driver(driver: &OsStr, this: &Path) -> Result<PathBuf> {
 /// after its driver must not run itself).
 fn find_on_path(name: &OsStr, this: &Path) -> Option<PathBuf> {
     let this = this.canonicalize().ok();
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|candidate| {
-            let executable = candidate
-                .metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-            executable && candidate.canonicalize().ok() != this
-        })
+    platform::find_on_path(name, |candidate| candidate.canonicalize().ok() != this)
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! module hash), so that files that do not change between links — the 185 MB compiler, the link's
 //! input objects — are hashed, or even opened, once, not on every link.
 //!
-//! A file is known by its path, device, inode, size, modification time and status-change time: any
+//! A file is known by its path, device, inode (on Windows: volume serial number and file index), size,
+//! modification time and status-change time (`platform::Stamp`): any
 //! write, truncation, rename over it or `touch` changes one of them. Files modified within
 //! [`RACY_WINDOW`] of being read are not remembered, since a write in the same timestamp tick would
 //! go unseen. As in git's index, "within" is measured by the clock of the file system the file is on,
@@ -20,16 +21,14 @@
 //! Each entry records when a link last used it (to the day), so trimming keeps the ones in use.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::fs::{File, Metadata};
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use crate::platform::{self, Stamp};
 use crate::reapi::digest::{self, Digest};
 
 /// Files changed more recently than this before they were read (by their file system's clock) are
@@ -66,22 +65,22 @@ pub struct Remembered {
 }
 
 impl FileKey {
-    /// The key of `path` as `meta` (its metadata, symlinks followed) describes it.
-    pub fn new(path: &Path, meta: &Metadata) -> FileKey {
+    /// The key of `path` as its stamp and metadata (symlinks followed) describe it.
+    pub fn new(path: &Path, (stamp, meta): &(Stamp, Metadata)) -> FileKey {
         FileKey {
             path: path.to_path_buf(),
-            device: meta.dev(),
-            inode: meta.ino(),
+            device: stamp.device,
+            inode: stamp.inode,
             size: meta.len(),
-            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-            ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+            mtime_ns: stamp.mtime_ns,
+            ctime_ns: stamp.ctime_ns,
         }
     }
 
     /// `device inode size mtime ctime last-used hash size module-hash path`, the module hash being
     /// 40 hex digits or `-`; the path last, since it may hold spaces.
     fn to_line(&self, entry: &Entry) -> Option<Vec<u8>> {
-        let path = self.path.as_os_str().as_bytes();
+        let path = self.path.as_os_str().as_encoded_bytes();
         if path.contains(&b'\n') {
             return None;
         }
@@ -116,7 +115,7 @@ impl FileKey {
         let hash = text()?.to_owned();
         let size_bytes = text()?.parse().ok()?;
         let module_hash = parse_module_hash(text()?)?;
-        let path = PathBuf::from(OsStr::from_bytes(fields.next()?));
+        let path = PathBuf::from(platform::os_string_from_bytes(fields.next()?.to_vec()));
         let digest = Digest { hash, size_bytes };
         let size: u64 = size.parse().ok()?;
         let valid = digest::is_valid(&digest) && digest::size(&digest) == size;
@@ -231,8 +230,8 @@ impl DigestCache {
     /// Tells the cache that `path` was written just before this process started (lld's job file):
     /// its modification time is a time its file system's clock has reached.
     pub fn written_now(&self, path: &Path) {
-        if let Ok(meta) = std::fs::metadata(path) {
-            self.observe_clock(meta.dev(), meta.mtime() * 1_000_000_000 + meta.mtime_nsec());
+        if let Ok((stamp, _)) = platform::stamp_path(path) {
+            self.observe_clock(stamp.device, stamp.mtime_ns);
         }
     }
 
@@ -272,9 +271,9 @@ impl DigestCache {
     }
 
     /// What is remembered of `path`, if it has not changed since.
-    fn lookup(&self, path: &Path, meta: &Metadata) -> Option<Remembered> {
+    fn lookup(&self, path: &Path, stamped: &(Stamp, Metadata)) -> Option<Remembered> {
         let mut entries = self.entries.lock().ok()?;
-        let entry = entries.get_mut(&FileKey::new(path, meta))?;
+        let entry = entries.get_mut(&FileKey::new(path, stamped))?;
         if entry.last_used + USE_RESOLUTION_SECS <= self.now {
             entry.last_used = self.now;
             self.changed.store(true, Ordering::Relaxed);
@@ -290,25 +289,25 @@ impl DigestCache {
         path: &Path,
         read: impl FnOnce(&File, &Metadata) -> std::io::Result<Remembered>,
     ) -> std::io::Result<Known> {
-        let before = std::fs::metadata(path)?;
+        let before = platform::stamp_path(path)?;
         if let Some(remembered) = self.lookup(path, &before) {
             return Ok(Known {
                 remembered,
-                meta: before,
+                meta: before.1,
                 from_cache: true,
             });
         }
         let file = File::open(path)?;
-        let remembered = read(&file, &before)?;
+        let remembered = read(&file, &before.1)?;
         // The handle's own metadata: a file renamed over `path` meanwhile shows another inode.
-        let after = file.metadata()?;
+        let after = platform::stamp_file(&file)?;
         let key = FileKey::new(path, &after);
         if key == FileKey::new(path, &before) && !self.racy(&key) {
             self.insert(key, remembered.clone());
         }
         Ok(Known {
             remembered,
-            meta: after,
+            meta: after.1,
             from_cache: false,
         })
     }
@@ -395,10 +394,7 @@ fn most_recently_used(entries: &HashMap<FileKey, Entry>, max: usize) -> Vec<(&Fi
 
 /// Creates `dir` (and its missing parents) private to this user.
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    platform::private_dirs().recursive(true).create(dir)
 }
 
 /// The device of `dir` and the modification time (ns since the epoch) of a file written there now:
@@ -407,8 +403,8 @@ fn probe_time(dir: &Path) -> Option<(u64, i64)> {
     create_private_dir(dir).ok()?;
     let probe = tempfile::NamedTempFile::new_in(dir).ok()?;
     probe.as_file().write_all(b"x").ok()?;
-    let meta = probe.as_file().metadata().ok()?;
-    Some((meta.dev(), meta.mtime() * 1_000_000_000 + meta.mtime_nsec()))
+    let (stamp, _) = platform::stamp_file(probe.as_file()).ok()?;
+    Some((stamp.device, stamp.mtime_ns))
 }
 
 /// Why the cache file `file` must not be used, if so: it, or its directory, belongs to another user
@@ -417,7 +413,7 @@ fn untrusted(file: &Path) -> Option<String> {
     let dir = file.parent().unwrap_or(Path::new("."));
     // Symlinks followed: what they lead to is what is read.
     let problem = [dir, file].into_iter().find_map(|path| {
-        let problem = super::foreign_writable(&std::fs::metadata(path).ok()?)?;
+        let problem = super::foreign_writable(path, &std::fs::metadata(path).ok()?)?;
         Some((path, problem))
     })?;
     Some(format!(
@@ -429,7 +425,7 @@ fn untrusted(file: &Path) -> Option<String> {
     ))
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 
@@ -446,7 +442,7 @@ mod tests {
         let store = dir.path().join("cache/file-digests");
         let file = dir.path().join("compiler with spaces");
         std::fs::write(&file, b"abc").unwrap();
-        let meta = std::fs::metadata(&file).unwrap();
+        let meta = platform::stamp_path(&file).unwrap();
 
         // A file that just changed is hashed but not remembered.
         let cache = DigestCache::open(Some(store.clone()));
@@ -462,7 +458,7 @@ mod tests {
         let known = again.get_or_read(&file, |_, _| panic!("read")).unwrap();
         assert!(known.from_cache);
         std::fs::write(&file, b"abd").unwrap();
-        let changed = std::fs::metadata(&file).unwrap();
+        let changed = platform::stamp_path(&file).unwrap();
         assert!(again.lookup(&file, &changed).is_none());
         assert_eq!(again.digest_of(&file).unwrap().0, digest::of_bytes(b"abd"));
         // Just changed: read again each time, never served from the cache.
@@ -492,7 +488,10 @@ mod tests {
         let (a, b) = (dir.path().join("a.o"), dir.path().join("b.o"));
         std::fs::write(&a, b"bitcode").unwrap();
         std::fs::write(&b, b"other").unwrap();
-        let (meta_a, meta_b) = (a.metadata().unwrap(), b.metadata().unwrap());
+        let (meta_a, meta_b) = (
+            platform::stamp_path(&a).unwrap(),
+            platform::stamp_path(&b).unwrap(),
+        );
         let hash = [0, 1, 0xdead_beef, u32::MAX, 0x0123_4567];
         let cache = DigestCache::open(Some(store.clone()));
         cache.insert(
@@ -544,7 +543,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("f");
         std::fs::write(&file, b"abc").unwrap();
-        let meta = file.metadata().unwrap();
+        let meta = platform::stamp_path(&file).unwrap();
         let entries: HashMap<FileKey, Entry> = (0..10u64)
             .map(|day| {
                 let key = FileKey::new(&dir.path().join(day.to_string()), &meta);
@@ -570,7 +569,7 @@ mod tests {
         let store = dir.path().join("file-digests");
         let file = dir.path().join("f");
         std::fs::write(&file, b"abc").unwrap();
-        let meta = file.metadata().unwrap();
+        let meta = platform::stamp_path(&file).unwrap();
         let cache = DigestCache::open(Some(store.clone()));
         cache.insert(FileKey::new(&file, &meta), remembered(b"abc", None));
         cache.save().unwrap();
@@ -594,7 +593,7 @@ mod tests {
         std::fs::write(&file, b"abc").unwrap();
         let now = SystemTime::now();
         let key = |modified: SystemTime| {
-            let mut key = FileKey::new(&file, &file.metadata().unwrap());
+            let mut key = FileKey::new(&file, &platform::stamp_path(&file).unwrap());
             let ns = modified
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap()
@@ -638,7 +637,7 @@ mod tests {
         let store = dir.path().join("dtlto-reapi/file-digests");
         let file = dir.path().join("input.o");
         std::fs::write(&file, b"abc").unwrap();
-        let meta = file.metadata().unwrap();
+        let meta = platform::stamp_path(&file).unwrap();
         let saved = DigestCache::open(Some(store.clone()));
         assert_eq!(saved.untrusted(), None);
         saved.insert(FileKey::new(&file, &meta), remembered(b"abc", None));

@@ -52,13 +52,13 @@
 //!
 //! A cache directory owned by another user, or writable by group or others, is refused when it is
 //! opened: whoever can write it could plant entries (wrong objects under right names) or symlinks.
-//! Inside the cache, symlinks are never followed: files are opened with `O_NOFOLLOW`, a shard
-//! directory that is not a real directory is removed, the size total is replaced by a rename
+//! Inside the cache, symlinks are never followed: files are opened with `O_NOFOLLOW` (on
+//! Windows `FILE_FLAG_OPEN_REPARSE_POINT`, refusing a reparse point), a shard directory that is not a
+//! real directory is removed, the size total is replaced by a rename
 //! rather than written through whatever its name points to, and scans ignore symlinks.
 
 use std::fs::{self, File, FileTimes};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -66,6 +66,7 @@ use std::time::{Duration, SystemTime};
 use prost::Message;
 use tempfile::NamedTempFile;
 
+use crate::platform;
 use crate::reapi::digest::{self, Hasher};
 use crate::reapi::{ActionResult, Digest};
 
@@ -121,9 +122,8 @@ impl DiskCache {
     /// the bound: an existing cache keeps its entries.
     /// Refuses a directory that another user could write (see the module's documentation).
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<DiskCache> {
-        fs::DirBuilder::new()
+        platform::private_dirs()
             .recursive(true)
-            .mode(0o700)
             .create(dir)
             .map_err(|e| annotate(e, "cannot create", dir))?;
         // The directory itself may be a symlink the user chose; what it leads to must be private.
@@ -378,14 +378,11 @@ impl DiskCache {
     /// over the bound or unknown, replaces it with the exact total after evicting.
     fn update_total(&self, evict: bool) -> io::Result<()> {
         let lock_path = self.root.join("lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(|e| annotate(e, "cannot open", &lock_path))?;
+        let lock = platform::open_no_follow(
+            platform::private_file(File::options().create(true).truncate(false).write(true)),
+            &lock_path,
+        )
+        .map_err(|e| annotate(e, "cannot open", &lock_path))?;
         lock.lock()
             .map_err(|e| annotate(e, "cannot lock", &lock_path))?;
         let size_path = self.root.join("size");
@@ -528,10 +525,7 @@ fn touch_path(path: &Path) {
 
 /// Opens a file of the cache for reading, never through a symlink.
 fn open_file(path: &Path) -> io::Result<File> {
-    File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+    platform::open_no_follow(File::options().read(true), path)
 }
 
 /// Reads a file of the cache, never through a symlink.
@@ -550,7 +544,7 @@ fn real_dir(path: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(annotate(e, "cannot inspect", path)),
     }
-    match fs::DirBuilder::new().mode(0o700).create(path) {
+    match platform::private_dirs().create(path) {
         Ok(()) => Ok(()),
         // Created by a concurrent process meanwhile.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -561,7 +555,7 @@ fn real_dir(path: &Path) -> io::Result<()> {
 /// Refuses a cache directory that another user owns or that group or others may write: they could
 /// plant entries or symlinks in it.
 fn check_private(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
-    let Some(problem) = super::foreign_writable(meta) else {
+    let Some(problem) = super::foreign_writable(path, meta) else {
         return Ok(());
     };
     Err(io::Error::new(

@@ -13,23 +13,6 @@ pub use digest_cache::DigestCache;
 
 pub use disk::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
 
-/// Why a cache file or directory with metadata `meta` could have been written by another user, if
-/// so: it belongs to another user, or group or others may write it. Both caches then refuse it.
-pub(crate) fn foreign_writable(meta: &std::fs::Metadata) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        Some(format!(
-            "is owned by user {}, not by this user ({me})",
-            meta.uid()
-        ))
-    } else if meta.mode() & 0o022 != 0 {
-        Some(format!(
-            "is writable by group or others (mode {:o})",
-            meta.mode() & 0o7777
-        ))
-    } else {
-        None
-    }
-}
+/// Why a cache file or directory could have been written by another user, if so (see
+/// `platform::foreign_writable`). Both caches then refuse it.
+pub(crate) use crate::platform::foreign_writable;

@@ -1,7 +1,8 @@
 //! Local compiles die with the distributor, even when it is killed with SIGKILL and cannot
 //! terminate them itself: each compiler process asks the kernel for SIGKILL when its parent dies
 //! (`PR_SET_PDEATHSIG`), and leads a process group of its own, which the reaper (`reaper`) kills
-//! with whatever the compiler started in it.
+//! with whatever the compiler started in it. On Windows each compile runs in a Job Object that
+//! kills it and all it started when its handle closes ([`ProcessTree`]), which needs no reaper.
 //!
 //! The kernel sends the parent-death signal when the *thread* that forked the child exits, not the
 //! process. Async tasks fork from whichever runtime thread runs them, and a runtime may retire its
@@ -9,16 +10,28 @@
 //! the run; it also registers each new group with the reaper right after the fork.
 
 use std::io;
-use std::sync::{Arc, mpsc};
+#[cfg(unix)]
+use std::sync::Arc;
+use std::sync::mpsc;
 
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
+#[cfg(unix)]
 use super::reaper::{Reaper, Watched};
+use crate::platform::ProcessTree;
 
-/// A started compile: the child, and its process group's registration with the reaper (None when
-/// the reaper could not be started), to be dropped once the child has been waited for.
-pub type Started = (Child, Option<Watched>);
+/// A started compile: the child, and its process tree with (on Unix) the tree's registration with
+/// the reaper, to be dropped once the child has been waited for.
+pub type Started = (Child, Tree);
+
+/// A compile's process tree, and (on Unix) its registration with the reaper: None when the reaper
+/// could not be started.
+pub struct Tree {
+    pub tree: ProcessTree,
+    #[cfg(unix)]
+    _watched: Option<Watched>,
+}
 
 /// A command to start and where to send the started child.
 type Request = (Command, oneshot::Sender<io::Result<Started>>);
@@ -39,12 +52,21 @@ impl Spawner {
             .name("dtlto-spawner".to_owned())
             .spawn(move || {
                 let _runtime = runtime.enter();
+                #[cfg(unix)]
                 let mut reaper = Reaping::NotStarted(reaper);
+                #[cfg(windows)]
+                drop(reaper);
                 for (mut command, reply) in incoming {
-                    let reaper = reaper.get();
-                    let started = command.spawn().map(|child| {
-                        let watched = reaper.zip(child.id()).map(|(r, id)| r.watch(id));
-                        (child, watched)
+                    let started = command.spawn().and_then(|mut child| {
+                        let tree = ProcessTree::adopt(&mut child)?;
+                        #[cfg(unix)]
+                        let tree = Tree {
+                            _watched: reaper.get().map(|r| r.watch(tree.id())),
+                            tree,
+                        };
+                        #[cfg(windows)]
+                        let tree = Tree { tree };
+                        Ok((child, tree))
                     });
                     let _ = reply.send(started);
                 }
@@ -52,14 +74,18 @@ impl Spawner {
         Ok(Spawner { requests })
     }
 
-    /// Starts `command` as a child that leads a process group of its own, receives SIGKILL when
-    /// this process dies, and whose group the reaper kills then.
+    /// Starts `command` as a child whose process tree dies with this process: on Unix it leads a
+    /// process group of its own, receives SIGKILL when this process dies, and the reaper kills its
+    /// group then; on Windows its Job Object closes with this process.
     pub async fn spawn(&self, mut command: Command) -> io::Result<Started> {
-        let parent = libc::pid_t::try_from(std::process::id()).map_err(io::Error::other)?;
-        command.process_group(0);
-        // SAFETY: `die_with_parent` only makes async-signal-safe system calls.
-        unsafe {
-            command.pre_exec(move || die_with_parent(parent));
+        ProcessTree::prepare(&mut command);
+        #[cfg(unix)]
+        {
+            let parent = libc::pid_t::try_from(std::process::id()).map_err(io::Error::other)?;
+            // SAFETY: `die_with_parent` only makes async-signal-safe system calls.
+            unsafe {
+                command.pre_exec(move || die_with_parent(parent));
+            }
         }
         let gone = || io::Error::other("the thread that starts local compiles is gone");
         let (reply, started) = oneshot::channel();
@@ -70,11 +96,13 @@ impl Spawner {
 
 /// The reaper, started by the spawner thread on the first compile of the run (many remote runs
 /// never compile locally).
+#[cfg(unix)]
 enum Reaping {
     NotStarted(Option<std::process::Command>),
     Started(Option<Arc<Reaper>>),
 }
 
+#[cfg(unix)]
 impl Reaping {
     /// The reaper, starting it if need be; None when it cannot run (with a log line: the compilers
     /// still die with the distributor, only their own children are unguarded).
@@ -98,6 +126,7 @@ impl Reaping {
 
 /// In the forked child, before exec: SIGKILL when the parent dies; and if it already died (before
 /// the request took effect), give up instead of running orphaned.
+#[cfg(unix)]
 fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
     // SAFETY: plain system calls.
     unsafe {
@@ -111,7 +140,7 @@ fn die_with_parent(parent: libc::pid_t) -> io::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
 
@@ -120,8 +149,8 @@ mod tests {
         let spawner = Spawner::new(None).unwrap();
         let mut command = Command::new("/bin/sh");
         command.args(["-c", "exit 7"]);
-        let (mut child, watched) = spawner.spawn(command).await.unwrap();
-        assert!(watched.is_none());
+        let (mut child, tree) = spawner.spawn(command).await.unwrap();
+        assert!(tree._watched.is_none());
         let status = child.wait().await.unwrap();
         assert_eq!(status.code(), Some(7));
         let missing = spawner.spawn(Command::new("/nonexistent/compiler")).await;

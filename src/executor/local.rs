@@ -22,6 +22,7 @@ use crate::jobs::{Job, JobFile};
 use crate::plan::args::rewrite_args;
 use crate::plan::environment::Environment;
 use crate::plan::toolchain;
+use crate::platform::ProcessTree;
 use crate::staging::StagedOutputs;
 
 /// How every local compile of a link starts.
@@ -109,7 +110,7 @@ pub async fn run_job(
     // In a process group of its own (see `child`), so that terminating it reaches whatever it
     // started too (a wrapper script's compiler, clang's own subprocesses); the group stays
     // registered with the reaper until the compile has been waited for.
-    let (child, _group) = match spawner.spawn(command).await {
+    let (child, tree) = match spawner.spawn(command).await {
         Ok(child) => child,
         Err(e) => {
             return LocalOutcome::Failed {
@@ -122,13 +123,12 @@ pub async fn run_job(
             };
         }
     };
-    let pid = child.id();
     let wait = child.wait_with_output();
     tokio::pin!(wait);
     let result = tokio::select! {
         result = &mut wait => result,
         () = cancel.cancelled() => {
-            terminate(pid, &mut wait).await;
+            terminate(&tree.tree, &mut wait).await;
             return LocalOutcome::Cancelled;
         }
     };
@@ -171,19 +171,13 @@ pub async fn run_job(
 }
 
 /// SIGTERM to the compile's process group first, so that clang removes its own temporary files, then
-/// SIGKILL to whatever is left of the group after a grace period.
-async fn terminate<F: std::future::Future + Unpin>(pid: Option<u32>, wait: &mut F) {
-    let Some(group) = pid.and_then(|p| libc::pid_t::try_from(p).ok()) else {
-        return;
-    };
-    // SAFETY: kill(2) on the process group led by a child we spawned; the group id stays reserved
-    // while any member of the group lives, so it cannot name anyone else's processes.
-    unsafe { libc::kill(-group, libc::SIGTERM) };
+/// SIGKILL to whatever is left of the group after a grace period (on Windows: its job, at once).
+async fn terminate<F: std::future::Future + Unpin>(tree: &ProcessTree, wait: &mut F) {
+    tree.request_end();
     let exited = tokio::time::timeout(TERMINATE_GRACE, &mut *wait)
         .await
         .is_ok();
-    // SAFETY: as above. Even when the leader has exited, processes it started may remain.
-    unsafe { libc::kill(-group, libc::SIGKILL) };
+    tree.kill();
     if !exited {
         let _ = wait.await;
     }

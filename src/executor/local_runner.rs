@@ -10,11 +10,11 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{
 };
 use tokio_util::sync::CancellationToken;
 
+use super::child;
 use super::context::RunContext;
 use super::local::{self, LocalOutcome, LocalSetup};
 use super::outcome::{self, Outcome};
 use super::slots::{Claim, Slots};
-use super::{child, reaper};
 use crate::jobs::Job;
 use crate::reapi::Digest;
 use crate::stats::{JobRecord, Ran};
@@ -33,7 +33,7 @@ impl LocalRunner {
         Ok(LocalRunner {
             slots: Slots::new(jobs),
             setup,
-            spawner: child::Spawner::new(Some(reaper::command()))?,
+            spawner: child::Spawner::new(reaper())?,
         })
     }
 
@@ -116,15 +116,21 @@ pub(crate) fn local_action_result(outputs: Vec<(String, Digest)>) -> ActionResul
             .collect(),
         exit_code: 0,
         execution_metadata: Some(ExecutedActionMetadata {
-            worker: format!("dtlto-reapi local compile ({})", hostname()),
+            worker: format!(
+                "dtlto-reapi local compile ({})",
+                crate::platform::hostname()
+            ),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
 
-/// This machine's name, for the worker field of results it stores.
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "unknown host".to_owned(), |h| h.trim().to_owned())
+/// How to start the reaper of local compiles: on Unix only (on Windows, each compile's Job Object
+/// does its work, see `child`).
+fn reaper() -> Option<std::process::Command> {
+    #[cfg(unix)]
+    return Some(super::reaper::command());
+    #[cfg(windows)]
+    return None;
 }

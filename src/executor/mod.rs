@@ -16,6 +16,7 @@ mod local;
 mod local_runner;
 mod outcome;
 mod racing;
+#[cfg(unix)]
 pub mod reaper;
 pub mod remote;
 mod runner;

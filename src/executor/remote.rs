@@ -284,7 +284,7 @@ impl RemoteExecutor {
         output: &[u8],
         call: &CallContext,
     ) {
-        if !self.upload_results {
+        if !self.upload_results || !spec.local_is_action {
             return;
         }
         let store = self.store_result(spec, output, call);

@@ -20,7 +20,7 @@ use crate::plan::planner::Planner;
 use crate::plan::toolchain::ToolchainMode;
 use crate::reapi::{self, TransferStats};
 use crate::settings::{Mode, Settings};
-use crate::stats::{Degraded, JobRecord, Status, ToolchainReport};
+use crate::stats::{Degraded, JobRecord, Ran, Status, ToolchainReport};
 use crate::trace;
 
 /// Runs jobs the way the settings ask: planned into Actions when anything keys results by them
@@ -150,8 +150,10 @@ impl Runner {
                     Some(remote) => remote.run(ctx, job, &spec, &self.local, started).await,
                     None => self.local.run(ctx, job).await,
                 };
+                // A local compile's result only when it is the Action's computation.
                 if let Some(disk) = &self.disk
                     && record.status == Status::Succeeded
+                    && (record.ran != Ran::Local || spec.local_is_action)
                 {
                     disk.store(ctx, &spec, output).await;
                 }

@@ -52,6 +52,10 @@ pub struct ActionSpec {
     pub toolchain_blobs: Arc<[Blob]>,
     /// What the Action digest is made of, for `dtlto-reapi explain`.
     pub parts: ActionParts,
+    /// Whether a local compile of the job is the Action's computation (false when
+    /// `--upload-compiler` names another compiler): only then are its results stored under the
+    /// Action's digest.
+    pub local_is_action: bool,
 }
 
 /// The platform of `properties`, sorted as REAPI requires; `None` without any.
@@ -143,6 +147,7 @@ pub fn build(
         layout: layout.kind,
         toolchain_blobs: options.toolchain_blobs.clone(),
         parts,
+        local_is_action: options.toolchain.local_is_uploaded,
     })
 }
 

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,7 +147,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let info = FileInfo {
         digest: known.remembered.digest,
-        executable: known.meta.permissions().mode() & 0o111 != 0,
+        executable: crate::platform::executable_bit(&known.meta),
         module_hash: known.remembered.module_hash,
     };
     Ok((info, known.from_cache))
@@ -157,6 +156,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     #[test]
     fn hashes_each_file_once_and_reports_missing_ones() {

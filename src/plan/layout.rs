@@ -98,6 +98,20 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
             }
         }
     }
+    // On Windows, a module on another drive or share than the working directory has no directory
+    // in common with it: its path could not be mirrored.
+    if let Some((path, _)) = mirrored.iter().find(|(_, p)| !p.starts_with(&root)) {
+        return Err(NotRemotable {
+            cause: "mirror-other-volume",
+            detail: format!(
+                "{} is on another drive or share than the working directory {}, which the mirror \
+                 layout cannot place under one directory for a worker",
+                path.display(),
+                cwd.display()
+            ),
+        });
+    }
+    // Paths inside the input root are written with `/`, whatever separators the link used.
     let relative_to_root = |path: &Path| -> String {
         let rel = path.strip_prefix(&root).unwrap_or(path);
         rel.components()
@@ -502,6 +516,7 @@ mod tests {
         let request = ModeRequest {
             toolchain: Some(ToolchainMode::Worker),
             remote_compiler: Some("/usr/bin/clang"),
+            upload_compiler: None,
         };
         let cache = crate::cache::DigestCache::open(None);
         let environment = super::super::environment::Environment::new(&[]).unwrap();

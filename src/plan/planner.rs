@@ -84,6 +84,7 @@ impl Planner {
         let planned_job_file = job_file.clone();
         let threads = settings.jobs;
         let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
+        let upload_compiler = settings.upload_compiler.clone();
         // One digest cache for the compiler's files and the link's inputs: opened once, shared by
         // both, saved once (a lost save only costs hashing again next time).
         let job_file_path = job_file.path.clone();
@@ -103,6 +104,7 @@ impl Planner {
             let request = ModeRequest {
                 toolchain: request,
                 remote_compiler: remote_compiler.as_deref(),
+                upload_compiler: upload_compiler.as_deref(),
             };
             let resolved = Toolchain::resolve(
                 &job_file_for_toolchain.common_args,

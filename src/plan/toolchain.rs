@@ -27,8 +27,6 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use object::elf;
@@ -38,6 +36,7 @@ use object::{Endianness, ReadCache};
 use super::environment::Environment;
 use super::merkle::{TreeFile, build_tree};
 use crate::cache::DigestCache;
+use crate::platform;
 use crate::reapi::digest::Digest;
 
 /// Where the toolchain goes, relative to the action's working directory (followed by the identity).
@@ -80,9 +79,13 @@ pub struct ToolchainFile {
 #[derive(Debug, Clone)]
 pub struct Toolchain {
     pub identity: ToolchainIdentity,
-    /// The compiler as the job file names it.
+    /// The compiler the actions run: as the job file names it, or `--upload-compiler`.
     pub compiler: PathBuf,
     pub files: Vec<ToolchainFile>,
+    /// Whether a local compile runs the compiler the Actions describe: false when
+    /// `--upload-compiler` names a file with other contents than the local compiler. Only then may
+    /// a local compile's results be stored under an Action's digest.
+    pub local_is_uploaded: bool,
     /// Upload mode: what replaces `common.args[0]`, relative to the working directory.
     launch: Vec<String>,
 }
@@ -102,6 +105,8 @@ pub struct ModeRequest<'a> {
     pub toolchain: Option<ToolchainMode>,
     /// `--remote-compiler`, which means worker mode.
     pub remote_compiler: Option<&'a str>,
+    /// `--upload-compiler`: the compiler to upload instead of the local one (upload mode).
+    pub upload_compiler: Option<&'a Path>,
 }
 
 impl Toolchain {
@@ -122,9 +127,36 @@ impl Toolchain {
                     .to_owned(),
             );
         }
+        if request.upload_compiler.is_some()
+            && (request.remote_compiler.is_some()
+                || request.toolchain == Some(ToolchainMode::Worker))
+        {
+            return Err(
+                "--upload-compiler contradicts --remote-compiler and --toolchain=worker: it names \
+                 the compiler to upload (upload mode)"
+                    .to_owned(),
+            );
+        }
         let local = locate(&compiler)?;
+        // The compiler the actions run: the uploaded one when named, else the local one.
+        let (compiler, uploaded) = match request.upload_compiler {
+            Some(upload) => (upload.to_path_buf(), locate(upload)?),
+            None => (compiler, local.clone()),
+        };
         let ld_library_path = environment.get("LD_LIBRARY_PATH").unwrap_or_default();
-        let (kind, mut closure) = closure(&compiler, &local, ld_library_path)?;
+        let (kind, mut closure) = closure(&compiler, &uploaded, ld_library_path)?;
+        if request.upload_compiler.is_some()
+            && let Kind::Script | Kind::Unsupported(_) = kind
+        {
+            let reason = match kind {
+                Kind::Unsupported(reason) => reason,
+                _ => "a script (#!) runs programs that are not uploaded with it".to_owned(),
+            };
+            return Err(format!(
+                "--upload-compiler {} cannot be uploaded: {reason}",
+                compiler.display()
+            ));
+        }
         let mut why_not = None;
         let mode = if request.remote_compiler.is_some()
             || request.toolchain == Some(ToolchainMode::Worker)
@@ -173,7 +205,7 @@ impl Toolchain {
                 path,
                 local,
                 digest,
-                executable: executable || meta.permissions().mode() & 0o111 != 0,
+                executable: executable || platform::executable_bit(&meta),
             });
         }
         let tree = build_tree(files.iter().map(|f| {
@@ -186,6 +218,10 @@ impl Toolchain {
         let identity = ToolchainIdentity {
             mode,
             digest: tree.root_digest,
+        };
+        let local_is_uploaded = uploaded == local || {
+            let digest = |path: &Path| digests.digest_of(path).map(|(d, _)| d).ok();
+            digest(&local).is_some() && digest(&local) == digest(&uploaded)
         };
         let dir = format!("{TOOLCHAIN_DIR}/{}", identity.digest.hash);
         let name = compiler_name(&compiler)?;
@@ -210,6 +246,7 @@ impl Toolchain {
             identity,
             compiler,
             files,
+            local_is_uploaded,
             launch,
         };
         Ok((toolchain, why_not))
@@ -259,15 +296,13 @@ fn compiler_name(compiler: &Path) -> Result<String, String> {
         })
 }
 
-/// The compiler's file: its path as given when it has a `/`, else looked up in `PATH`.
+/// The compiler's file: its path as given when it has a `/` (on Windows also `\` or a drive),
+/// else looked up in `PATH` (on Windows with `PATHEXT`).
 pub(crate) fn locate(compiler: &Path) -> Result<PathBuf, String> {
-    if compiler.as_os_str().as_bytes().contains(&b'/') {
+    if platform::names_a_path(compiler.as_os_str()) {
         return Ok(compiler.to_path_buf());
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(compiler))
-        .find(|candidate| candidate.is_file())
+    platform::find_on_path(compiler.as_os_str(), |_| true)
         .ok_or_else(|| format!("the compiler {} is not in PATH", compiler.display()))
 }
 
@@ -345,7 +380,9 @@ fn read_elf(path: &Path) -> Result<ElfInfo, String> {
     for header in elf.elf_program_headers() {
         if let Some(interp) = header.interpreter(endian, data).map_err(error)? {
             let interp = interp.strip_suffix(&[0]).unwrap_or(interp);
-            info.interpreter = Some(PathBuf::from(OsStr::from_bytes(interp)));
+            info.interpreter = Some(PathBuf::from(platform::os_string_from_bytes(
+                interp.to_vec(),
+            )));
         }
     }
     let table = elf
@@ -555,6 +592,7 @@ mod tests {
         ModeRequest {
             toolchain,
             remote_compiler: None,
+            upload_compiler: None,
         }
     }
 
@@ -596,6 +634,48 @@ mod tests {
     }
 
     #[test]
+    fn an_upload_compiler_is_what_the_actions_run_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        // The "local" compiler: a script (not uploadable by itself, like a Windows zig.exe on a
+        // Linux worker); the upload compiler: this test's own ELF executable, under another name.
+        let local = dir.path().join("zig.exe");
+        std::fs::write(&local, "#!/bin/sh\n").unwrap();
+        let upload = dir.path().join("linux/zig");
+        std::fs::create_dir_all(upload.parent().unwrap()).unwrap();
+        std::fs::copy(std::env::current_exe().unwrap(), &upload).unwrap();
+        fn with(upload: &Path) -> ModeRequest<'_> {
+            ModeRequest {
+                upload_compiler: Some(upload),
+                ..request(None)
+            }
+        }
+        let (toolchain, why_not) = resolve(&local, with(&upload));
+        assert_eq!(
+            (toolchain.identity.mode, why_not),
+            (ToolchainMode::Upload, None)
+        );
+        assert!(!toolchain.local_is_uploaded);
+        assert!(toolchain.launch().last().unwrap().ends_with("/bin/zig"));
+        assert_eq!(toolchain.compiler, upload);
+        // The same bytes as the local compiler: local compiles are the actions' computation.
+        let (same, _) = resolve(&upload, with(&upload));
+        assert!(same.local_is_uploaded);
+        assert_eq!(same.identity, toolchain.identity);
+        // A script cannot be uploaded; worker mode contradicts it.
+        let digests = DigestCache::open(None);
+        let environment = Environment::new(&[]).unwrap();
+        let args = vec![upload.to_string_lossy().into_owned()];
+        let script = Toolchain::resolve(&args, with(&local), &environment, &digests);
+        assert!(script.unwrap_err().contains("cannot be uploaded"));
+        let worker = ModeRequest {
+            toolchain: Some(ToolchainMode::Worker),
+            ..with(&upload)
+        };
+        let contradiction = Toolchain::resolve(&args, worker, &environment, &digests);
+        assert!(contradiction.unwrap_err().contains("contradicts"));
+    }
+
+    #[test]
     fn the_test_binary_resolves_like_the_loader() {
         // This test's own executable: dynamically linked against the system's libc.
         let exe = std::env::current_exe().unwrap();
@@ -622,6 +702,7 @@ mod tests {
         let both = ModeRequest {
             toolchain: Some(ToolchainMode::Upload),
             remote_compiler: Some("/usr/bin/clang"),
+            upload_compiler: None,
         };
         let digests = DigestCache::open(None);
         let args = vec![exe.to_string_lossy().into_owned()];

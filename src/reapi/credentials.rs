@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::error::ReapiError;
 use super::headers::{Header, header_key, header_value};
+use crate::platform::ProcessTree;
 
 /// Most stderr of a failed helper quoted in the error.
 const STDERR_QUOTE_BYTES: usize = 2000;
@@ -134,17 +135,20 @@ impl Helper {
             helper: self.path.display().to_string(),
             what,
         };
-        let mut child = tokio::process::Command::new(&self.path)
+        let mut command = tokio::process::Command::new(&self.path);
+        command
             .arg("get")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own process group, so that a helper that hangs is killed with its children.
-            .process_group(0)
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        // Its own process tree (group, or job on Windows), so that a helper that hangs is killed
+        // with its children.
+        ProcessTree::prepare(&mut command);
+        let mut child = command
             .spawn()
             .map_err(|e| fail(format!("cannot be started: {e}")))?;
-        let mut group = KillGroupOnDrop(child.id().and_then(|id| libc::pid_t::try_from(id).ok()));
+        let mut group = KillGroupOnDrop(ProcessTree::adopt(&mut child).ok());
         let request = serde_json::json!({ "uri": self.uri }).to_string();
         let mut stdin = child.stdin.take();
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
@@ -192,7 +196,9 @@ impl Helper {
             }
         };
         // It finished: whatever it left running (an agent, say) is its business.
-        group.0 = None;
+        if let Some(tree) = group.0.take() {
+            tree.release();
+        }
         if !status.success() {
             return Err(fail(format!(
                 "failed ({status}): {}",
@@ -231,16 +237,14 @@ async fn read_bounded(
     Ok((kept, more))
 }
 
-/// Kills a helper's process group unless disarmed: a helper that hangs, or whose link is
+/// Kills a helper's process tree unless disarmed: a helper that hangs, or whose link is
 /// interrupted, goes with everything it started.
-struct KillGroupOnDrop(Option<libc::pid_t>);
+struct KillGroupOnDrop(Option<ProcessTree>);
 
 impl Drop for KillGroupOnDrop {
     fn drop(&mut self) {
-        if let Some(group) = self.0 {
-            // SAFETY: kill(2) on the process group our child leads (it was started with
-            // process_group(0)); ESRCH, when nothing of it is left, is harmless.
-            unsafe { libc::kill(-group, libc::SIGKILL) };
+        if let Some(tree) = &self.0 {
+            tree.kill();
         }
     }
 }
