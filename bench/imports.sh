@@ -72,7 +72,7 @@ ours() { # NAME DIR [distributor args...]: link through dtlto-reapi, with --stat
 seeded_server() { # a fresh server that holds the compiler
     start_server
     (cd seed && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" seed.o -o seed \
-        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url")
+        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy=remote)
 }
 
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
@@ -84,14 +84,14 @@ export FLOOR_STORE=$out/floor-store
 for round in $(seq "$runs"); do
     if ((round <= cold_runs)); then # else the last cold link's server, still warm
         seeded_server
-        ours cold "$project" --remote="$server_url"
+        ours cold "$project" --remote="$server_url" --strategy=remote
     fi
     # The disk cache, filled once from the warm server (hits are stored on disk too); not counted.
     [[ -d $out/disk-cache ]] || ours fill-disk "$project" --remote="$server_url" --disk-cache="$out/disk-cache"
-    ours cached "$project" --remote="$server_url"
+    ours cached "$project" --remote="$server_url" --strategy=remote
     fresh=$out/fresh-$round
     mkdir -p "$fresh" && cp "$project"/*.o "$project/inputs.rsp" "$fresh/"
-    ours fresh-dir "$fresh" --remote="$server_url"
+    ours fresh-dir "$fresh" --remote="$server_url" --strategy=remote
     link floor "$project" "$root/bench/floor_distributor.py"
     ours disk-cached "$project" --disk-cache="$out/disk-cache"
     say "round $round of $runs done"

@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::plan::action::InputPart;
 use crate::stats::{JobRecord, Ran, StatsFile};
@@ -130,8 +131,8 @@ fn explain(job: &JobRecord, old: &[JobRecord]) -> Vec<String> {
 }
 
 /// What changed among the imported modules: each is matched to one of OLD by content, else by path.
-fn import_changes(before: &[InputPart], now: &[InputPart]) -> Vec<String> {
-    let mut unmatched: Vec<&InputPart> = before.iter().collect();
+fn import_changes(before: &[Arc<InputPart>], now: &[Arc<InputPart>]) -> Vec<String> {
+    let mut unmatched: Vec<&Arc<InputPart>> = before.iter().collect();
     let mut differing = Vec::new();
     for import in now {
         match unmatched.iter().position(|b| b.digest == import.digest) {
@@ -217,11 +218,11 @@ fn member_stem(path: &Path) -> Option<&str> {
 mod tests {
     use super::*;
 
-    fn part(path: &str, digest: &str) -> InputPart {
-        InputPart {
+    fn part(path: &str, digest: &str) -> Arc<InputPart> {
+        Arc::new(InputPart {
             path: path.into(),
             digest: digest.to_owned(),
-        }
+        })
     }
 
     #[test]

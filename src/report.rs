@@ -130,9 +130,13 @@ impl Reporter {
         }
     }
 
-    /// The records so far, in job-file order.
-    pub fn records(&self) -> Vec<JobRecord> {
-        let mut records = self.records.lock().map(|r| r.clone()).unwrap_or_default();
+    /// The records (taken: the run is over), in job-file order.
+    fn take_records(&self) -> Vec<JobRecord> {
+        let mut records = self
+            .records
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
         records.sort_by_key(|r| r.index);
         records
     }
@@ -148,7 +152,7 @@ impl Reporter {
             bar.finish_and_clear();
         }
         let wall = self.started.elapsed();
-        let records = self.records();
+        let records = self.take_records();
         let toolchain_up = totals.toolchain.as_ref().map_or(0, |t| t.bytes_uploaded);
         self.line(&summary_line(
             &records,
@@ -169,9 +173,11 @@ impl Reporter {
                 degraded: totals.degraded.clone(),
                 jobs: records,
             };
-            let mut json = serde_json::to_vec_pretty(&stats).map_err(std::io::Error::other)?;
-            json.push(b'\n');
-            crate::staging::write_atomically(&per_link_file(path, job_file, "stats"), &json)?;
+            let path = per_link_file(path, job_file, "stats");
+            crate::staging::write_atomically_with(&path, |out| {
+                serde_json::to_writer_pretty(&mut *out, &stats).map_err(std::io::Error::other)?;
+                out.write_all(b"\n")
+            })?;
         }
         Ok(())
     }

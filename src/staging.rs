@@ -161,10 +161,19 @@ fn staging_pid(name: &str) -> Option<u32> {
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename), for files
 /// the distributor itself produces, such as `--stats-json`.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
+    write_atomically_with(path, |out| out.write_all(bytes))
+}
+
+/// Like [`write_atomically`], with the content streamed by `write` (a 50,000-job `--stats-json` is
+/// hundreds of MB: never held in memory whole).
+pub fn write_atomically_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = directory_of(path);
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(bytes)?;
+    let mut out = io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
+    write(&mut out)?;
+    let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

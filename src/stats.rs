@@ -6,6 +6,7 @@
 //! records show and the trace places ([`ServerTimes`]): a server's timestamps may be absurd.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::ExecutedActionMetadata;
@@ -70,7 +71,7 @@ pub struct JobRecord {
     pub remote: Option<RemoteTimes>,
     /// What the job's Action is made of, when it had one (`dtlto-reapi explain` compares them).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub parts: Option<ActionParts>,
+    pub parts: Option<Arc<ActionParts>>,
     /// Its race, with `--strategy=racing` when the action cache did not have it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub race: Option<Race>,

@@ -19,6 +19,11 @@
 //! back whole (merged with what is on disk by then) under a temporary name renamed into place, so a
 //! reader never sees a torn file; a concurrent writer's entries may be lost, which only costs a hash.
 //! Each entry records when a link last used it (to the day), so trimming keeps the ones in use.
+//!
+//! Besides files, the cache remembers *derived* digests: the digest of content this program makes
+//! from other content (a rewritten index shard), keyed by a hash of everything that content is a
+//! function of ([`DigestCache::derived`]), so that a relink need not make it again to know its
+//! digest. Their lines start with `derived`, which versions that do not know them skip.
 
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
@@ -40,6 +45,12 @@ const MAX_ENTRIES: usize = 100_000;
 
 /// An entry's last use is recorded again (which costs a save) when it is older than this.
 const USE_RESOLUTION_SECS: u64 = 24 * 60 * 60;
+
+/// Derived digests kept at most; beyond it, the least recently used are dropped.
+const MAX_DERIVED: usize = 100_000;
+
+/// The first word of a derived digest's line.
+const DERIVED: &str = "derived";
 
 /// The first line of the file, naming its format. v1 (in `file-digests`) had no module hash nor
 /// last use: such a file reads as an empty cache.
@@ -179,6 +190,8 @@ pub struct DigestCache {
     /// None: remembered by this process only (the system has no user cache directory).
     file: Option<PathBuf>,
     entries: Mutex<HashMap<FileKey, Entry>>,
+    /// Derived digests by the hex hash of what they derive from.
+    derived: Mutex<HashMap<String, Entry>>,
     /// Something was inserted or its use recorded since loading: [`DigestCache::save`] has work.
     changed: AtomicBool,
     /// This process's clock, in seconds since the epoch, for `last_used`.
@@ -203,7 +216,7 @@ impl DigestCache {
     pub fn open(file: Option<PathBuf>) -> DigestCache {
         let untrusted = file.as_deref().and_then(untrusted);
         let file = file.filter(|_| untrusted.is_none());
-        let entries = file
+        let (entries, derived) = file
             .as_ref()
             .and_then(|file| std::fs::read(file).ok())
             .map(|bytes| parse(&bytes))
@@ -214,6 +227,7 @@ impl DigestCache {
         DigestCache {
             file,
             entries: Mutex::new(entries),
+            derived: Mutex::new(derived),
             changed: AtomicBool::new(false),
             now,
             untrusted,
@@ -323,6 +337,36 @@ impl DigestCache {
         Ok((known.remembered.digest, known.meta))
     }
 
+    /// The digest remembered for content derived from what `key` (64 hex digits: a SHA-256 of
+    /// everything the content is a function of, the deriving code's version included) names.
+    pub fn derived(&self, key: &str) -> Option<Digest> {
+        let mut derived = self.derived.lock().ok()?;
+        let entry = derived.get_mut(key)?;
+        if entry.last_used + USE_RESOLUTION_SECS <= self.now {
+            entry.last_used = self.now;
+            self.changed.store(true, Ordering::Relaxed);
+        }
+        Some(entry.remembered.digest.clone())
+    }
+
+    /// Remembers `digest` as that of the content derived from what `key` names.
+    pub fn remember_derived(&self, key: String, digest: Digest) {
+        if let Ok(mut derived) = self.derived.lock() {
+            let remembered = Remembered {
+                digest,
+                module_hash: None,
+            };
+            derived.insert(
+                key,
+                Entry {
+                    remembered,
+                    last_used: self.now,
+                },
+            );
+            self.changed.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Remembers `remembered` as the content of the file version `key` describes.
     fn insert(&self, key: FileKey, remembered: Remembered) {
         if let Ok(mut entries) = self.entries.lock() {
@@ -341,17 +385,15 @@ impl DigestCache {
         if !self.changed.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
-        let (Some(file), Ok(mut entries)) = (&self.file, self.entries.lock()) else {
+        let (Some(file), Ok(mut entries), Ok(mut derived)) =
+            (&self.file, self.entries.lock(), self.derived.lock())
+        else {
             return Ok(());
         };
         if let Ok(bytes) = std::fs::read(file) {
-            for (key, saved) in parse(&bytes) {
-                let entry = entries.entry(key).or_insert(Entry {
-                    remembered: saved.remembered,
-                    last_used: 0,
-                });
-                entry.last_used = entry.last_used.max(saved.last_used);
-            }
+            let (saved_entries, saved_derived) = parse(&bytes);
+            merge(&mut entries, saved_entries);
+            merge(&mut derived, saved_derived);
         }
         let kept = most_recently_used(&entries, MAX_ENTRIES);
         let dir = file.parent().unwrap_or(Path::new("."));
@@ -363,28 +405,83 @@ impl DigestCache {
                 out.write_all(&line)?;
             }
         }
+        for (key, entry) in most_recently_used(&derived, MAX_DERIVED) {
+            let Digest { hash, size_bytes } = &entry.remembered.digest;
+            writeln!(
+                out,
+                "{DERIVED} {key} {} {hash} {size_bytes}",
+                entry.last_used
+            )?;
+        }
         let tmp = out.into_inner().map_err(|e| e.into_error())?;
         tmp.persist(file).map_err(|e| e.error)?;
         Ok(())
     }
 }
 
-fn parse(bytes: &[u8]) -> HashMap<FileKey, Entry> {
+/// The file entries and the derived digests of a cache file.
+type Parsed = (HashMap<FileKey, Entry>, HashMap<String, Entry>);
+
+fn parse(bytes: &[u8]) -> Parsed {
     let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
     // Empty after the final newline; a line cut short (no newline) is never trusted.
     lines.pop();
+    let mut parsed = Parsed::default();
     if lines.first() != Some(&HEADER.as_bytes()) {
-        return HashMap::new();
+        return parsed;
     }
-    lines[1..]
-        .iter()
-        .filter_map(|line| FileKey::from_line(line))
-        .collect()
+    for line in &lines[1..] {
+        if let Some(rest) = line.strip_prefix(DERIVED.as_bytes()) {
+            if let Some((key, entry)) = derived_from_line(rest) {
+                parsed.1.insert(key, entry);
+            }
+        } else if let Some((key, entry)) = FileKey::from_line(line) {
+            parsed.0.insert(key, entry);
+        }
+    }
+    parsed
+}
+
+/// ` <key> <last-used> <hash> <size>` (after the `derived` word).
+fn derived_from_line(rest: &[u8]) -> Option<(String, Entry)> {
+    let text = std::str::from_utf8(rest).ok()?;
+    let mut fields = text.strip_prefix(' ')?.split(' ');
+    let key = fields.next()?;
+    let last_used = fields.next()?.parse().ok()?;
+    let hash = fields.next()?.to_owned();
+    let size_bytes = fields.next()?.parse().ok()?;
+    let digest = Digest { hash, size_bytes };
+    let valid = fields.next().is_none()
+        && key.len() == 64
+        && key.bytes().all(|b| b.is_ascii_hexdigit())
+        && digest::is_valid(&digest);
+    let remembered = Remembered {
+        digest,
+        module_hash: None,
+    };
+    valid.then(|| {
+        let entry = Entry {
+            remembered,
+            last_used,
+        };
+        (key.to_owned(), entry)
+    })
+}
+
+/// Adds to `entries` what another process saved meanwhile (the later use of each wins).
+fn merge<K: std::hash::Hash + Eq>(entries: &mut HashMap<K, Entry>, saved: HashMap<K, Entry>) {
+    for (key, saved) in saved {
+        let entry = entries.entry(key).or_insert(Entry {
+            remembered: saved.remembered,
+            last_used: 0,
+        });
+        entry.last_used = entry.last_used.max(saved.last_used);
+    }
 }
 
 /// At most `max` of `entries`, the most recently used.
-fn most_recently_used(entries: &HashMap<FileKey, Entry>, max: usize) -> Vec<(&FileKey, &Entry)> {
-    let mut kept: Vec<(&FileKey, &Entry)> = entries.iter().collect();
+fn most_recently_used<K>(entries: &HashMap<K, Entry>, max: usize) -> Vec<(&K, &Entry)> {
+    let mut kept: Vec<(&K, &Entry)> = entries.iter().collect();
     if kept.len() > max {
         kept.sort_unstable_by_key(|(_, entry)| std::cmp::Reverse(entry.last_used));
         kept.truncate(max);
@@ -479,6 +576,27 @@ mod tests {
         let merged = DigestCache::open(Some(store));
         assert!(merged.lookup(&file, &meta).is_some());
         assert!(merged.lookup(&file, &changed).is_some());
+    }
+
+    #[test]
+    fn derived_digests_survive_a_round_trip_and_older_readers_skip_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("digests");
+        let key = "ab".repeat(32);
+        let cache = DigestCache::open(Some(file.clone()));
+        assert_eq!(cache.derived(&key), None);
+        cache.remember_derived(key.clone(), digest::of_bytes(b"rewritten"));
+        cache.save().unwrap();
+        let again = DigestCache::open(Some(file.clone()));
+        assert_eq!(again.derived(&key), Some(digest::of_bytes(b"rewritten")));
+        // A line of a kind this version does not know is skipped, as older ones skip `derived`.
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(FileKey::from_line(text.lines().nth(1).unwrap().as_bytes()).is_none());
+        std::fs::write(&file, format!("{text}derived {key} 1 not-a-hash 9\n")).unwrap();
+        assert_eq!(
+            DigestCache::open(Some(file)).derived(&key),
+            Some(digest::of_bytes(b"rewritten"))
+        );
     }
 
     #[test]

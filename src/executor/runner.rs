@@ -193,6 +193,9 @@ impl Runner {
     /// Ends the run: lets the cancellations of abandoned remote operations reach the cluster, and
     /// brings the disk cache back under its size bound.
     pub async fn finish(&self, ctx: &RunContext) {
+        if let Some(planner) = self.planner.clone() {
+            let _ = tokio::task::spawn_blocking(move || planner.save_cache()).await;
+        }
         if let Some(remote) = &self.remote {
             remote.client().settle_cancellations().await;
         }

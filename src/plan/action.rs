@@ -51,7 +51,7 @@ pub struct ActionSpec {
     /// Upload mode: the toolchain's files (not in `blobs`), the same for every job of the link.
     pub toolchain_blobs: Arc<[Blob]>,
     /// What the Action digest is made of, for `dtlto-reapi explain`.
-    pub parts: ActionParts,
+    pub parts: Arc<ActionParts>,
     /// Whether a local compile of the job is the Action's computation (false when
     /// `--upload-compiler` names another compiler): only then are its results stored under the
     /// Action's digest.
@@ -86,12 +86,12 @@ pub struct ActionParts {
     pub flags: Vec<String>,
     /// The platform properties, `NAME=VALUE`, sorted.
     pub platform: Vec<String>,
-    /// The module itself.
-    pub module: InputPart,
+    /// The module itself (shared by every Action of the link that has it, as the imports are).
+    pub module: Arc<InputPart>,
     /// Its index shard, as the action sees it (rewritten, in the canonical layout).
     pub index_shard: InputPart,
     /// The modules it imports from.
-    pub imports: Vec<InputPart>,
+    pub imports: Vec<Arc<InputPart>>,
 }
 
 /// One input file of an Action: its path in the link and the digest of its content.
@@ -115,30 +115,34 @@ pub fn build(
     arguments.extend(rewrite_args(&job.args, rename));
     let assembled = assemble(job_file.compiler(), arguments, &layout, digests, options)?;
 
-    let input = |path: &Path, digest: Option<&Digest>| InputPart {
-        path: path.to_owned(),
-        digest: digest.map_or_else(String::new, |d| digest::display(d).to_string()),
+    // Each input file's part was made once for the link, when it was hashed.
+    let part_of = |path: &Path| {
+        digests.get(path).map_or_else(
+            || {
+                Arc::new(InputPart {
+                    path: path.to_owned(),
+                    digest: String::new(),
+                })
+            },
+            |info| info.part.clone(),
+        )
     };
-    let digest_of = |path: &Path| digests.get(path).map(|info| &info.digest);
     let parts = ActionParts {
         command: digest::display(&assembled.command_digest).to_string(),
         input_root: digest::display(&assembled.input_root).to_string(),
         compiler: digest::display(&options.toolchain.identity.digest).to_string(),
         flags: job_file.common_args.iter().skip(1).cloned().collect(),
         platform: assembled.platform,
-        module: input(job.module(), digest_of(job.module())),
-        index_shard: input(
-            job.index_shard(),
-            assembled
+        module: part_of(job.module()),
+        index_shard: InputPart {
+            path: job.index_shard().to_owned(),
+            digest: assembled
                 .rewritten_shard
                 .as_ref()
-                .or_else(|| digest_of(job.index_shard())),
-        ),
-        imports: job
-            .imports()
-            .iter()
-            .map(|import| input(import, digest_of(import)))
-            .collect(),
+                .or_else(|| digests.get(job.index_shard()).map(|info| &info.digest))
+                .map_or_else(String::new, |d| digest::display(d).to_string()),
+        },
+        imports: job.imports().iter().map(|import| part_of(import)).collect(),
     };
     Ok(ActionSpec {
         action_digest: assembled.action_digest,
@@ -146,7 +150,7 @@ pub fn build(
         outputs: layout.outputs,
         layout: layout.kind,
         toolchain_blobs: options.toolchain_blobs.clone(),
-        parts,
+        parts: Arc::new(parts),
         local_is_action: options.toolchain.local_is_uploaded,
     })
 }
@@ -197,21 +201,20 @@ pub fn assemble(
         });
     }
     let mut rewritten_shard = None;
-    for (path, bytes) in &layout.generated {
-        let digest = digest::of_bytes(bytes);
-        if path == SHARD_NAME {
-            rewritten_shard = Some(digest.clone());
+    for generated in &layout.generated {
+        if generated.path == SHARD_NAME {
+            rewritten_shard = Some(generated.digest.clone());
         }
         tree_entries.push((
-            path.clone(),
+            generated.path.clone(),
             TreeFile {
-                digest: digest.clone(),
+                digest: generated.digest.clone(),
                 executable: false,
             },
         ));
         blobs.push(Blob {
-            digest,
-            source: BlobSource::Bytes(bytes.clone()),
+            digest: generated.digest.clone(),
+            source: generated.source.clone(),
         });
     }
     let toolchain = &options.toolchain;

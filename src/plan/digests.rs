@@ -11,11 +11,12 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+use super::action::InputPart;
 use crate::cache::DigestCache;
 use crate::cache::digest_cache::Remembered;
 use crate::reapi::digest::{self, Digest};
@@ -27,6 +28,9 @@ pub struct FileInfo {
     pub executable: bool,
     /// The LLVM module hash, when the file is bitcode that records one.
     pub module_hash: Option<[u32; 5]>,
+    /// The file as `--stats-json` records it in every Action that has it: made once per link and
+    /// shared, as one module is an input of ~100 jobs.
+    pub part: Arc<InputPart>,
 }
 
 /// Files up to this size are read whole, once, for both digests; larger ones are hashed streaming
@@ -145,10 +149,15 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
             })
         })
         .map_err(|e| format!("{}: {e}", path.display()))?;
+    let part = Arc::new(InputPart {
+        path: path.to_owned(),
+        digest: digest::display(&known.remembered.digest).to_string(),
+    });
     let info = FileInfo {
         digest: known.remembered.digest,
         executable: crate::platform::executable_bit(&known.meta),
         module_hash: known.remembered.module_hash,
+        part,
     };
     Ok((info, known.from_cache))
 }

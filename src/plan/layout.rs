@@ -17,10 +17,14 @@
 
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use super::digests::{FileDigests, FileInfo};
 use crate::bitcode;
+use crate::cache::DigestCache;
 use crate::jobs::{Job, JobFile};
+use crate::reapi::digest::{self, Digest};
+use crate::reapi::{BlobSource, Deferred};
 
 /// The directory, inside the working directory, that holds the files given fixed names.
 pub const RESERVED_DIR: &str = ".dtlto-reapi";
@@ -43,13 +47,22 @@ pub struct Layout {
     pub working_directory: String,
     /// `(path inside the input root, local file)` for every input taken as it is.
     pub inputs: Vec<(String, PathBuf)>,
-    /// `(path inside the input root, content)` for inputs the layout produced (a rewritten shard).
-    pub generated: Vec<(String, Vec<u8>)>,
+    /// Inputs the layout produced (a rewritten shard).
+    pub generated: Vec<Generated>,
     /// Argument renames: a path as the job file writes it → the path relative to the action's working
     /// directory.
     pub renames: HashMap<String, String>,
     /// `(path relative to the working directory, local path lld expects)` for every output.
     pub outputs: Vec<(String, PathBuf)>,
+}
+
+/// An input the layout made: its path inside the input root, its digest and its content (made now,
+/// or when it must be uploaded).
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub path: String,
+    pub digest: Digest,
+    pub source: BlobSource,
 }
 
 /// Why a job cannot run remotely in a layout (it then runs locally).
@@ -140,23 +153,19 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
 
 /// The canonical layout of `job`: modules named by content at the root of the input root, the index
 /// shard rewritten to those names, fixed names for everything else.
+///
+/// The rewrite's digest is remembered in `memo` (a derived digest of the digest cache), keyed by
+/// everything the rewrite is a function of: the shard's bytes, the job's modules (path and digest,
+/// in job order) and [`REWRITE_VERSION`]. When it is known, the shard is not rewritten: its bytes
+/// are made only if the action must be uploaded (a cache miss), and checked against that digest.
 pub fn canonical(
     job_file: &JobFile,
     job: &Job,
     digests: &FileDigests,
+    memo: &DigestCache,
 ) -> Result<Layout, NotRemotable> {
-    let unreadable = |what: String| NotRemotable {
-        cause: "canonical-shard-unreadable",
-        detail: format!(
-            "cannot read the index shard {}: {what}",
-            job.index_shard().display()
-        ),
-    };
-    let bytes = std::fs::read(job.index_shard()).map_err(|e| unreadable(e.to_string()))?;
-    // Read once, for matching and for the rewrite.
-    let shard = bitcode::ReadShard::new(&bytes).map_err(|e| unreadable(e.to_string()))?;
-    let entries = shard.modules();
-
+    let bytes = std::fs::read(job.index_shard())
+        .map_err(|e| unreadable(job.index_shard(), e.to_string()))?;
     // The job's modules, each to be claimed by exactly one shard entry.
     let modules: Vec<&Path> = std::iter::once(job.module())
         .chain(job.imports().iter().map(PathBuf::as_path))
@@ -170,23 +179,131 @@ pub fn canonical(
             })
         })
         .collect::<Result<_, _>>()?;
+    let names = content_names(&infos);
+    let hashes: Vec<Option<[u32; 5]>> = infos.iter().map(|info| info.module_hash).collect();
+    let key = rewrite_key(&bytes, &modules, &infos);
+
+    let mut layout = Layout::new(LayoutKind::Canonical, String::new());
+    for (name, module) in names.iter().zip(&modules) {
+        layout.inputs.push((name.clone(), module.to_path_buf()));
+    }
+    layout.rename(job.module(), names[0].clone());
+    let shard = match memo.derived(&key) {
+        Some(digest) => {
+            let shard_path = job.index_shard().to_owned();
+            let modules: Vec<PathBuf> = modules.iter().map(|m| m.to_path_buf()).collect();
+            let expected = digest.clone();
+            let make = move || {
+                let modules: Vec<&Path> = modules.iter().map(PathBuf::as_path).collect();
+                let rewritten = rewrite(&bytes, &shard_path, &modules, &hashes, &names)
+                    .map_err(|e| e.detail)?;
+                if digest::of_bytes(&rewritten) != expected {
+                    return Err(format!(
+                        "the index shard {} rewrote to other content than the digest cache \
+                         remembers",
+                        shard_path.display()
+                    ));
+                }
+                Ok(rewritten)
+            };
+            Generated {
+                path: SHARD_NAME.to_owned(),
+                digest,
+                source: BlobSource::Deferred(Deferred(Arc::new(make))),
+            }
+        }
+        None => {
+            let rewritten = rewrite(&bytes, job.index_shard(), &modules, &hashes, &names)?;
+            let digest = digest::of_bytes(&rewritten);
+            memo.remember_derived(key, digest.clone());
+            Generated {
+                path: SHARD_NAME.to_owned(),
+                digest,
+                source: BlobSource::Bytes(rewritten),
+            }
+        }
+    };
+    layout.generated.push(shard);
+    layout.rename(job.index_shard(), SHARD_NAME.to_owned());
+    layout.add_common_inputs(job_file.common_inputs.iter().enumerate());
+    layout.add_outputs(job);
+    Ok(layout)
+}
+
+/// Names the shard rewrite's output differently whenever the rewrite changes what it makes for the
+/// same inputs, so that no remembered digest outlives the code that made it.
+const REWRITE_VERSION: &str = "dtlto-reapi shard rewrite 1";
+
+/// The memo key of a shard rewrite: a SHA-256 of its version, the shard and the job's modules.
+fn rewrite_key(shard: &[u8], modules: &[&Path], infos: &[&FileInfo]) -> String {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    };
+    field(REWRITE_VERSION.as_bytes());
+    field(shard);
+    for (module, info) in modules.iter().zip(infos) {
+        field(module.as_os_str().as_encoded_bytes());
+        field(info.digest.hash.as_bytes());
+        field(&info.digest.size_bytes.to_le_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
+fn unreadable(shard: &Path, what: String) -> NotRemotable {
+    NotRemotable {
+        cause: "canonical-shard-unreadable",
+        detail: format!("cannot read the index shard {}: {what}", shard.display()),
+    }
+}
+
+/// Content-derived names; identical files at different paths get a suffix. The job's own module
+/// is named first, so it always gets the plain name; which of its identical twins gets which
+/// suffix cannot matter, as they have the same content.
+fn content_names(infos: &[&FileInfo]) -> Vec<String> {
+    let mut names = Vec::with_capacity(infos.len());
+    let mut used: HashMap<&str, usize> = HashMap::with_capacity(infos.len());
+    for info in infos {
+        let hash = info.digest.hash.as_str();
+        let seen = used.entry(hash).or_insert(0);
+        names.push(if *seen == 0 {
+            format!("{hash}.o")
+        } else {
+            format!("{hash}-{seen}.o")
+        });
+        *seen += 1;
+    }
+    names
+}
+
+/// The index shard `bytes` (read from `shard_path`) with its module entries matched to `modules`
+/// (whose module hashes are `hashes`) and renamed to their `names`.
+fn rewrite(
+    bytes: &[u8],
+    shard_path: &Path,
+    modules: &[&Path],
+    hashes: &[Option<[u32; 5]>],
+    names: &[String],
+) -> Result<Vec<u8>, NotRemotable> {
+    let unreadable = |what: String| unreadable(shard_path, what);
+    // Read once, for matching and for the rewrite.
+    let shard = bitcode::ReadShard::new(bytes).map_err(|e| unreadable(e.to_string()))?;
+    let entries = shard.modules();
     // The modules by the last four words of their hash, in job order: `matches_hash`, not
     // equality, because LLVM 22.1.8 corrupts the first word along with a non-ASCII path.
     let mut by_hash: HashMap<[u32; 4], Vec<usize>> = HashMap::with_capacity(modules.len());
-    for (i, info) in infos.iter().enumerate() {
-        if let Some([_, rest @ ..]) = info.module_hash {
+    for (i, hash) in hashes.iter().enumerate() {
+        if let Some([_, rest @ ..]) = *hash {
             by_hash.entry(rest).or_default().push(i);
         }
     }
     let mut claimed = vec![false; modules.len()];
     let mut matched: Vec<usize> = Vec::with_capacity(entries.len());
     for entry in entries {
-        let hash_match = |i: &&usize| {
-            !claimed[**i]
-                && infos[**i]
-                    .module_hash
-                    .is_some_and(|h| entry.matches_hash(&h))
-        };
+        let hash_match =
+            |i: &&usize| !claimed[**i] && hashes[**i].is_some_and(|h| entry.matches_hash(&h));
         let by_path = |i: usize| modules[i].as_os_str().as_encoded_bytes() == entry.path.as_slice();
         let found = entry
             .hash
@@ -198,7 +315,7 @@ pub fn canonical(
                 detail: format!(
                     "module {:?} recorded in the index shard {} matches none of the job's input files",
                     String::from_utf8_lossy(&entry.path),
-                    job.index_shard().display()
+                    shard_path.display()
                 ),
             });
         };
@@ -210,45 +327,18 @@ pub fn canonical(
             cause: "canonical-unmatched-module",
             detail: format!(
                 "the index shard {} does not record the job's own module",
-                job.index_shard().display()
+                shard_path.display()
             ),
         });
     }
-
-    // Content-derived names; identical files at different paths get a suffix. The job's own module
-    // is named first, so it always gets the plain name; which of its identical twins gets which
-    // suffix cannot matter, as they have the same content.
-    let mut names = Vec::with_capacity(modules.len());
-    let mut used: HashMap<&str, usize> = HashMap::with_capacity(modules.len());
-    for info in &infos {
-        let hash = info.digest.hash.as_str();
-        let seen = used.entry(hash).or_insert(0);
-        names.push(if *seen == 0 {
-            format!("{hash}.o")
-        } else {
-            format!("{hash}-{seen}.o")
-        });
-        *seen += 1;
-    }
     let mut next = matched.iter();
-    let rewritten = shard
+    shard
         .canonicalize(|_| {
             next.next()
                 .map(|&i| names[i].clone().into_bytes())
                 .unwrap_or_default()
         })
-        .map_err(|e| unreadable(e.to_string()))?;
-
-    let mut layout = Layout::new(LayoutKind::Canonical, String::new());
-    for (i, module) in modules.iter().enumerate() {
-        layout.inputs.push((names[i].clone(), module.to_path_buf()));
-    }
-    layout.rename(job.module(), names[0].clone());
-    layout.generated.push((SHARD_NAME.to_owned(), rewritten));
-    layout.rename(job.index_shard(), SHARD_NAME.to_owned());
-    layout.add_common_inputs(job_file.common_inputs.iter().enumerate());
-    layout.add_outputs(job);
-    Ok(layout)
+        .map_err(|e| unreadable(e.to_string()))
 }
 
 /// The fixed name of the index shard, relative to the working directory.
@@ -457,7 +547,7 @@ mod tests {
             &crate::cache::DigestCache::open(None),
         )
         .unwrap();
-        let layout = canonical(&file, job, &digests).unwrap();
+        let layout = canonical(&file, job, &digests, &DigestCache::open(None)).unwrap();
         (layout, file, digests)
     }
 
@@ -485,7 +575,7 @@ mod tests {
             layout.inputs.iter().map(|(name, _)| name.clone()).collect()
         };
         assert_eq!(names(&first), names(&second));
-        assert_eq!(first.generated, second.generated);
+        assert_eq!(first.generated[0].digest, second.generated[0].digest);
         assert!(
             names(&first)
                 .iter()
@@ -493,6 +583,46 @@ mod tests {
             "{:?}",
             names(&first)
         );
+    }
+
+    #[test]
+    fn a_remembered_rewrite_is_not_redone_and_its_bytes_are_made_on_demand() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, file, digests) = coff_canonical_layout(
+            &dir.path().join("link"),
+            include_bytes!("../bitcode/testdata/coff-t1.thinlto.bc"),
+            "libt3.libt3.o158.3.453F.o",
+            17727,
+        );
+        let memo = DigestCache::open(None);
+        let job = &file.jobs[0];
+        let made = canonical(&file, job, &digests, &memo).unwrap();
+        let remembered = canonical(&file, job, &digests, &memo).unwrap();
+        let (made, remembered) = (&made.generated[0], &remembered.generated[0]);
+        assert_eq!(made.digest, first.generated[0].digest);
+        assert_eq!(remembered.digest, made.digest);
+        let (BlobSource::Bytes(bytes), BlobSource::Deferred(deferred)) =
+            (&made.source, &remembered.source)
+        else {
+            panic!("{made:?} {remembered:?}");
+        };
+        assert_eq!(&deferred.make(&made.digest).unwrap(), bytes);
+
+        // A digest remembered wrongly is caught when the bytes are made, never uploaded.
+        let shard = std::fs::read(job.index_shard()).unwrap();
+        let modules: Vec<&Path> = std::iter::once(job.module())
+            .chain(job.imports().iter().map(PathBuf::as_path))
+            .collect();
+        let infos: Vec<&FileInfo> = modules.iter().map(|m| digests.get(m).unwrap()).collect();
+        let wrong = DigestCache::open(None);
+        let other = digest::of_bytes(b"something else");
+        wrong.remember_derived(rewrite_key(&shard, &modules, &infos), other.clone());
+        let layout = canonical(&file, job, &digests, &wrong).unwrap();
+        let BlobSource::Deferred(deferred) = &layout.generated[0].source else {
+            panic!("not deferred");
+        };
+        let err = deferred.make(&other).unwrap_err().to_string();
+        assert!(err.contains("other content"), "{err}");
     }
 
     /// The Action digest of a fixed job is pinned: a change to planning (layout, shard rewrite, input

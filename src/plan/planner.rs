@@ -44,6 +44,9 @@ pub struct Planner {
     toolchain_time: std::time::Duration,
     /// Why the digest cache file is not used, for the caller to warn about.
     cache_warning: Option<String>,
+    /// The digest cache: it also remembers the digests of rewritten index shards
+    /// (`layout::canonical`), saved again by [`Planner::save_cache`] once the jobs are planned.
+    cache: Arc<DigestCache>,
 }
 
 impl Planner {
@@ -126,7 +129,8 @@ impl Planner {
         })
         .await?;
         let toolchain = toolchain.await?;
-        let _ = tokio::task::spawn_blocking(move || cache.save()).await?;
+        let saved = cache.clone();
+        let _ = tokio::task::spawn_blocking(move || saved.save()).await?;
         let digests = digests.map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
         let (toolchain, toolchain_warning, toolchain_time) =
             toolchain.map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
@@ -152,7 +156,14 @@ impl Planner {
             toolchain_warning,
             toolchain_time,
             cache_warning,
+            cache,
         })
+    }
+
+    /// Saves what planning added to the digest cache (the digests of rewritten shards); a lost
+    /// save only costs rewriting them again next time.
+    pub fn save_cache(&self) {
+        let _ = self.cache.save();
     }
 
     /// The link's compiler, as every Action records it.
@@ -233,7 +244,7 @@ impl Planner {
         warn_once: WarnOnce<'_>,
     ) -> Result<layout::Layout, NotRemotable> {
         if self.layout == LayoutKind::Canonical {
-            match layout::canonical(job_file, job, &self.digests) {
+            match layout::canonical(job_file, job, &self.digests, &self.cache) {
                 Ok(layout) => return Ok(layout),
                 Err(e) => warn_once(
                     e.cause,

@@ -80,6 +80,11 @@ impl Inner {
                 check_size(&blob.digest, data.len() as u64)?;
                 ChunkSource::Bytes(Arc::new(data))
             }
+            BlobSource::Deferred(make) => {
+                let data = make.make(&blob.digest)?;
+                check_size(&blob.digest, data.len() as u64)?;
+                ChunkSource::Bytes(Arc::new(data))
+            }
             BlobSource::File(path) => {
                 let len = tokio::fs::metadata(&path)
                     .await

@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::connections::CountedChannel;
@@ -55,6 +56,28 @@ pub enum BlobSource {
     Bytes(Vec<u8>),
     /// A file whose content has the blob's digest; read when uploaded, in chunks if large.
     File(PathBuf),
+    /// Content made only if it must be uploaded (whose digest was known without making it).
+    Deferred(Deferred),
+}
+
+/// Makes a blob's content on demand; fails, saying why, if it cannot (or makes other content than
+/// its digest says).
+#[derive(Clone)]
+pub struct Deferred(pub Arc<dyn Fn() -> Result<Vec<u8>, String> + Send + Sync>);
+
+impl Deferred {
+    /// The content, or a [`ReapiError::Config`] naming the blob.
+    pub fn make(&self, digest: &Digest) -> Result<Vec<u8>, ReapiError> {
+        (self.0)().map_err(|e| {
+            ReapiError::Config(format!("making blob {}: {e}", digest::display(digest)))
+        })
+    }
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
 }
 
 /// A blob to upload: its digest and where its content is.

@@ -28,7 +28,7 @@ mod upload;
 
 pub use bazel_remote_apis::build::bazel::remote::execution::v2::{ActionResult, ExecuteResponse};
 pub use capabilities::{DEFAULT_MAX_BATCH_BYTES, ServerCapabilities};
-pub use cas::{Blob, BlobSource};
+pub use cas::{Blob, BlobSource, Deferred};
 pub use channel::{TlsFiles, check_endpoint};
 pub use client::{Client, ConnectionOptions, probe_connection};
 pub use connections::CALLS_PER_CONNECTION;

@@ -181,6 +181,7 @@ fn batch_requests(
                 BlobSource::File(path) => {
                     std::fs::read(&path).map_err(|source| ReapiError::Io { path, source })?
                 }
+                BlobSource::Deferred(make) => make.make(&blob.digest)?,
             };
             check_size(&blob.digest, data.len() as u64)?;
             let compressed = (zstd && compression::worth_compressing(data.len() as u64))
