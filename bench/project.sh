@@ -2,7 +2,8 @@
 # project of $modules modules x $functions functions (bench/gen_project.py) to $project, replacing
 # $out, compiles it with -flto=thin $jobs at a time, and lists the objects in $project/inputs.rsp.
 # `start_server [serve args...]` (re)starts `dtlto-reapi serve --workers $jobs` and sets
-# $server_url; `stop_server` stops it (the scripts `trap stop_server EXIT`).
+# $server_url (started through the command in the array $serve_launch, if set: see bench/racing.sh);
+# `stop_server` stops it (the scripts `trap stop_server EXIT`).
 
 generate_project() {
     say "generating and compiling $modules modules x $functions functions in $project"
@@ -21,7 +22,7 @@ server_url=
 start_server() {
     stop_server
     : >"$out/serve.out"
-    "$distributor" serve --workers "$jobs" "$@" >"$out/serve.out" 2>"$out/serve.err" &
+    ${serve_launch[@]+"${serve_launch[@]}"} "$distributor" serve --workers "$jobs" "$@" >"$out/serve.out" 2>"$out/serve.err" &
     server_pid=$!
     for _ in $(seq 100); do
         server_url=$(sed -n 's/^listening on //p' "$out/serve.out")

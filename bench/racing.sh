@@ -1,41 +1,76 @@
 #!/usr/bin/env bash
-# Racing against local mode and remote-only, in one run, in three scenarios:
+# Racing against local mode and remote-only, in one run, in four scenarios:
 #   slow      a busy cluster: `serve --workers 1 --fault-slow Execute=$SLOW_MS`
 #   distant   a far cluster: `serve --workers $JOBS --throttle-latency-ms $LATENCY_MS
 #             --throttle-bandwidth $BANDWIDTH`
 #   relink    an edit of one module relinked with lld's --thinlto-cache-dir warm, so that only the
 #             affected jobs reach the distributor; the cluster near (loopback, $JOBS workers) and
 #             already holding the rest of the project
+#   imports   the same edit-and-relink in a heavy-import project (bench/gen_project.py with
+#             IMPORTS=$IMPORTS: each module calls small functions of $IMPORTS others, which ThinLTO
+#             imports), so that every job importing from the edited module (about $IMPORTS) reaches
+#             the distributor again
 # and three variants in each: local (no cluster), remote (--strategy=remote) and racing
 # (--strategy=racing), interleaved round by round so that a change in machine load hits each alike.
 # Each scenario's server is started once and first given the compiler (a one-module link), so the
 # links measure compiles, not the compiler's one-time upload; in `slow` and `distant` each link adds
 # a backend flag of its own (-DBENCH_LINK=n, which changes nothing in the objects) so that its
-# actions are new to the cluster, and in `relink` each link edits the module anew.
+# actions are new to the cluster, and in `relink` and `imports` each link edits the module anew.
+# The cluster is another machine, so the machine's cores are split: the link (clang, lld, the
+# distributor and its local compiles) runs on the first half (`taskset`), the server and its actions
+# on the other half, in a session of its own (`setsid`, so that where the kernel shares CPU time by
+# session, sched_autogroup, it does not share the link's). On one machine whose cores both sides
+# shared, every action the cluster ran would take its CPU from the local compiles, which no separate
+# cluster does (measured: local compiles 40-60% slower during a race, as the server's actions cost
+# more than the local compiles they race). --jobs and the server's workers are each half the cores.
 # Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
 # remote, and where racing's jobs ended (won locally / won remotely / cache hits). Fails unless
 # every program prints what the local one prints.
 #
-# Environment: MODULES (60), FUNCTIONS per module (16), JOBS (nproc), RUNS (2), SLOW_MS (1500),
-# LATENCY_MS (50), BANDWIDTH (20Mbit), SCENARIOS ("slow distant relink").
+# Environment: MODULES (60), FUNCTIONS per module (16), JOBS (half the cores), RUNS (3), SLOW_MS (1500),
+# LATENCY_MS (50), BANDWIDTH (20Mbit), IMPORT_MODULES (300) and IMPORTS (100) of the `imports`
+# project (1 function per module), SCENARIOS ("slow distant relink imports"), DISTRIBUTOR (the
+# dtlto-reapi binary to measure; default: this checkout's release build), KEEP_PROJECT=1 (reuse
+# the projects of an earlier run with the same sizes instead of generating and compiling them).
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
 source "$root/bench/project.sh"
+distributor=${DISTRIBUTOR:-$distributor}
 modules=${MODULES:-60}
 functions=${FUNCTIONS:-16}
-jobs=${JOBS:-$(nproc)}
-runs=${RUNS:-2}
+cores=$(nproc)
+if ((cores >= 2)); then
+    half=$((cores / 2))
+    link_cpus=0-$((half - 1)) serve_cpus=$half-$((cores - 1))
+else
+    half=1 link_cpus=0 serve_cpus=0
+fi
+jobs=${JOBS:-$half}
+runs=${RUNS:-3}
 slow_ms=${SLOW_MS:-1500}
 latency=${LATENCY_MS:-50}
 bandwidth=${BANDWIDTH:-20Mbit}
-scenarios=${SCENARIOS:-slow distant relink}
+import_modules=${IMPORT_MODULES:-300}
+imports=${IMPORTS:-100}
+scenarios=${SCENARIOS:-slow distant relink imports}
 out=$root/bench/out/racing
 project=$out/project
+main_project=$project
 
-generate_project
-cd "$project"
+if [[ ${KEEP_PROJECT:-} == 1 && -d $project && -d $out/imports ]]; then
+    say "reusing the projects in $out (KEEP_PROJECT=1)"
+else
+    generate_project
+    # The heavy-import project, beside the other (generate_project starts by removing $out).
+    (
+        export IMPORTS=$imports
+        modules=$import_modules functions=1 project=$out/imports out=$out/imports.tmp
+        generate_project
+    )
+fi
 trap stop_server EXIT
+serve_launch=(setsid taskset -c "$serve_cpus")
 : >"$out/times.tsv"
 link_count=0
 
@@ -53,7 +88,7 @@ link() {
         *) args+=(-Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy="$variant") ;;
     esac
     local start=$EPOCHREALTIME
-    "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
+    taskset -c "$link_cpus" "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
         "${args[@]}" "$@" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
     local end=$EPOCHREALTIME
     python3 - "$stats" "$scenario" "$label" "$(python3 -c "print($end - $start)")" >>"$out/times.tsv" <<'PY'
@@ -74,7 +109,7 @@ PY
 
 # prime: the server gets the compiler, with a one-module program linked through it.
 prime() {
-    mkdir -p "$out/prime" && cp m0000.c "$out/prime/one.c"
+    mkdir -p "$out/prime" && cp "$main_project/m0000.c" "$out/prime/one.c"
     sed -i 's/^long entry1(long);$//; s/\^ entry1(x + 1)//' "$out/prime/one.c"
     printf 'long entry0(long);\nint main(void) { return (int)entry0(1) & 1; }\n' >"$out/prime/main.c"
     (cd "$out/prime" && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" one.c main.c -o one \
@@ -82,36 +117,43 @@ prime() {
         >"$out/prime.log" 2>&1) || { cat "$out/prime.log" >&2; exit 1; }
 }
 
-edited=$(printf 'm%04d' $((modules / 2)))
 edits=0
-# edit: a new version of one module in the middle of the import chain, recompiled.
+# Each run's edits are new to lld's cache and the cluster's, even with KEEP_PROJECT=1.
+run_id=${EPOCHREALTIME/[.,]/}
+# edit SCENARIO: a new version of one module in the middle of the chain (a new variable, which
+# changes no program, with a value no earlier link saw), recompiled; its own job runs again, and so
+# does every job that imports from it (ThinLTO keys a backend job by the modules it imports from): none in `relink`, about $IMPORTS
+# in `imports`.
 edit() {
     edits=$((edits + 1))
-    sed -i '/^int bench_edit = /d' "$edited.c"
-    echo "int bench_edit = $edits;" >>"$edited.c"
+    local edited
+    if [[ $1 == imports ]]; then edited=$(printf 'm%04d' $((import_modules / 2))); else edited=$(printf 'm%04d' $((modules / 2))); fi
+    sed -i '/ bench_edit/d' "$edited.c"
+    echo "const char bench_edit[] = \"$run_id-$edits\";" >>"$edited.c"
     "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c "$edited.c" -o "$edited.o"
 }
 
-say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"
+say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $cores cores: the link on $link_cpus, the server on $serve_cpus"
 for scenario in $scenarios; do
+    if [[ $scenario == imports ]]; then cd "$out/imports"; else cd "$main_project"; fi
     case $scenario in
         # start_server gives the server $jobs workers: one here.
         slow) local_jobs=$jobs; jobs=1; start_server --fault-slow "Execute=$slow_ms"; jobs=$local_jobs ;;
         distant) start_server --throttle-latency-ms "$latency" --throttle-bandwidth "$bandwidth" ;;
-        relink) start_server ;;
+        relink | imports) start_server ;;
         *) say "unknown scenario $scenario"; exit 1 ;;
     esac
     prime
-    if [[ $scenario == relink ]]; then
+    if [[ $scenario == relink || $scenario == imports ]]; then
         # lld's cache and the cluster's both warm with the whole project.
-        cache=$out/lld-cache && rm -rf "$cache"
-        link relink remote warmup -Wl,--thinlto-cache-dir="$cache"
+        cache=$out/$scenario-lld-cache && rm -rf "$cache"
+        link "$scenario" remote warmup -Wl,--thinlto-cache-dir="$cache"
     fi
     for round in $(seq "$runs"); do
         for variant in local remote racing; do
-            if [[ $scenario == relink ]]; then
-                edit
-                link relink "$variant" "$variant" -Wl,--thinlto-cache-dir="$cache"
+            if [[ $scenario == relink || $scenario == imports ]]; then
+                edit "$scenario"
+                link "$scenario" "$variant" "$variant" -Wl,--thinlto-cache-dir="$cache"
             else
                 link "$scenario" "$variant" "$variant" "-Wl,--thinlto-remote-compiler-arg=-DBENCH_LINK=$link_count"
             fi
@@ -123,7 +165,8 @@ done
 say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "$modules modules x $functions functions, --jobs=$jobs, best of $runs; slow: 1 worker, Execute held ${slow_ms} ms;" \
-    "distant: $jobs workers, ${latency} ms per call, $bandwidth; relink: $edited edited, lld cache warm, $jobs workers"
+    "distant: $jobs workers, ${latency} ms per call, $bandwidth; relink: one module edited, lld cache warm, $jobs workers;" \
+    "imports: $import_modules modules x 1 function importing from $imports each, one module edited"
 python3 - "$out/times.tsv" <<'PY'
 import collections, sys
 rows = collections.defaultdict(list)
