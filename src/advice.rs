@@ -168,11 +168,11 @@ mod tests {
         assert!(describe(&unmatched).contains("--platform"), "{unmatched}");
         let slow = ReapiError::CredentialHelperTimeout {
             helper: "/h".into(),
-            seconds: 1,
+            timeout: std::time::Duration::from_secs(1),
         };
         let slow = describe_any(&anyhow::Error::new(slow).context("connecting"));
         assert!(
-            slow.starts_with("connecting: credential helper /h did not answer within 1 s")
+            slow.starts_with("connecting: credential helper /h did not answer within 1s")
                 && slow.ends_with("(see --credential-helper-timeout)"),
             "{slow}"
         );

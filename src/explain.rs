@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::plan::action::InputPart;
+use crate::plan::digests::InputPart;
 use crate::stats::{JobRecord, Ran, StatsFile};
 use anyhow::{Context, Result};
 

@@ -3,8 +3,6 @@
 //! client's [`ConnectionOptions`]. Links (the remote executor) and `check` both connect through it,
 //! so `check` proves the connection a link makes; `reapi/` itself knows no settings or flags.
 
-use std::time::Duration;
-
 use anyhow::{Result, bail};
 
 use crate::reapi::ConnectionOptions;
@@ -30,12 +28,12 @@ pub fn connection_options(settings: &Settings) -> Result<ConnectionOptions> {
         .iter()
         .map(|h| h.helper.clone())
         .collect();
-    options.credential_helper_timeout = Duration::from_secs(settings.credential_helper_timeout);
+    options.credential_helper_timeout = settings.credential_helper_timeout;
     options.tls.ca_cert = settings.tls_ca_cert.clone();
     options.tls.client_cert = settings.tls_client_cert.clone();
     options.tls.client_key = settings.tls_client_key.clone();
-    options.timeout = Duration::from_secs(settings.remote_timeout);
-    options.execute_timeout = Duration::from_secs(settings.remote_execute_timeout);
+    options.timeout = settings.remote_timeout;
+    options.execute_timeout = settings.remote_execute_timeout;
     options.max_retries = settings.remote_retries;
     options.correlated_invocations_id = settings.invocation_id.clone();
     // Every job in flight may hold a call (an Execute stream), plus a few transfers.

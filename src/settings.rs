@@ -8,6 +8,7 @@
 //! `--flag` or `--flag=false`, because `-Xthinlto-distributor=` can only pass single arguments.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use clap::Args;
@@ -15,8 +16,7 @@ use clap::builder::BoolishValueParser;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::cache::{DEFAULT_MAX_BYTES, DiskCache, parse_size};
-use crate::plan::layout::LayoutKind;
-use crate::plan::toolchain::ToolchainMode;
+use crate::plan::options::{LayoutKind, ToolchainMode};
 use crate::reapi::{self, HelperArg};
 
 /// Where the backend compiles run.
@@ -66,7 +66,8 @@ pub struct Settings {
     pub instance_name: String,
     pub remote_header: Vec<RemoteHeader>,
     pub credential_helper: Vec<CredentialHelper>,
-    pub credential_helper_timeout: u64,
+    #[serde(serialize_with = "show_duration")]
+    pub credential_helper_timeout: Duration,
     pub tls_ca_cert: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
     pub tls_client_key: Option<PathBuf>,
@@ -80,8 +81,10 @@ pub struct Settings {
     pub pass_env: Vec<String>,
     pub remote_jobs: usize,
     pub strategy: Strategy,
-    pub remote_timeout: u64,
-    pub remote_execute_timeout: u64,
+    #[serde(serialize_with = "show_duration")]
+    pub remote_timeout: Duration,
+    #[serde(serialize_with = "show_duration")]
+    pub remote_execute_timeout: Duration,
     pub remote_retries: u32,
     pub local_fallback: bool,
     pub invocation_id: Option<String>,
@@ -133,6 +136,15 @@ impl Settings {
             .map(|p| PlatformProperty::parse(p))
             .collect::<Result<_, _>>()
             .map_err(|why| anyhow!("--platform ({}): {why}", origin("platform")))?;
+        // A duration setting: zero (or not given) means the default.
+        let duration = |text: Option<DurationText>, key: &str, default: Duration| match text {
+            None => Ok(default),
+            Some(DurationText(text)) => match parse_duration(&text) {
+                Ok(d) if d.is_zero() => Ok(default),
+                Ok(d) => Ok(d),
+                Err(why) => Err(anyhow!("--{key}={text} ({}): {why}", origin(key))),
+            },
+        };
         let default_mode = if remote.is_some() {
             Mode::Remote
         } else {
@@ -153,10 +165,11 @@ impl Settings {
             instance_name: layers.instance_name.unwrap_or_default(),
             remote_header,
             credential_helper,
-            credential_helper_timeout: layers
-                .credential_helper_timeout
-                .filter(|&n| n > 0)
-                .unwrap_or(10),
+            credential_helper_timeout: duration(
+                layers.credential_helper_timeout,
+                "credential-helper-timeout",
+                Duration::from_secs(10),
+            )?,
             tls_ca_cert: layers.tls_ca_cert,
             tls_client_cert: layers.tls_client_cert,
             tls_client_key: layers.tls_client_key,
@@ -167,11 +180,16 @@ impl Settings {
             pass_env: layers.pass_env.unwrap_or_default(),
             remote_jobs: layers.remote_jobs.filter(|&n| n > 0).unwrap_or(200),
             strategy: layers.strategy.unwrap_or(Strategy::Racing),
-            remote_timeout: layers.remote_timeout.filter(|&n| n > 0).unwrap_or(60),
-            remote_execute_timeout: layers
-                .remote_execute_timeout
-                .filter(|&n| n > 0)
-                .unwrap_or(3600),
+            remote_timeout: duration(
+                layers.remote_timeout,
+                "remote-timeout",
+                Duration::from_secs(60),
+            )?,
+            remote_execute_timeout: duration(
+                layers.remote_execute_timeout,
+                "remote-execute-timeout",
+                Duration::from_secs(3600),
+            )?,
             remote_retries: layers.remote_retries.unwrap_or(5),
             local_fallback: layers.local_fallback.unwrap_or(true),
             invocation_id: layers.invocation_id,
@@ -273,6 +291,68 @@ impl Serialize for CredentialHelper {
     }
 }
 
+/// A duration setting as given, checked in [`Settings::with_defaults`] (where the line that refuses
+/// it can say where it came from). A config file may give whole seconds as a number (`30`, as
+/// before) or a string (`"500ms"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct DurationText(String);
+
+impl std::str::FromStr for DurationText {
+    type Err = std::convert::Infallible;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(DurationText(text.to_owned()))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Anything else is kept as written, for `with_defaults` to refuse with the option's name.
+        Ok(DurationText(match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(text) => text,
+            other => other.to_string(),
+        }))
+    }
+}
+
+/// `30` (seconds), `500ms`, `30s`, `2m` or `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let unit_ms: u64 = match unit.trim_start() {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        _ => 0,
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .filter(|_| unit_ms > 0)
+        .and_then(|n| n.checked_mul(unit_ms))
+        .map(Duration::from_millis)
+        .ok_or_else(|| {
+            format!(
+                "`{text}` is not a duration: give seconds (30) or a number with a unit (500ms, \
+                 30s, 2m, 1h)"
+            )
+        })
+}
+
+/// A duration as `config` shows it, in a form [`parse_duration`] reads back.
+fn show_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    if d.subsec_millis() == 0 {
+        s.serialize_str(&format!("{}s", d.as_secs()))
+    } else {
+        s.serialize_str(&format!("{}ms", d.as_millis()))
+    }
+}
+
 /// The number of cores this process may use.
 pub fn available_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -359,14 +439,15 @@ pub struct SettingsArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential_helper: Option<Vec<String>>,
 
-    /// Seconds a credential helper may take before it is killed [default: 10]
+    /// How long a credential helper may take before it is killed: seconds, or a number with a
+    /// unit (500ms, 30s, 2m, 1h) [default: 10s]
     #[arg(
         long,
         env = "DTLTO_REAPI_CREDENTIAL_HELPER_TIMEOUT",
-        value_name = "SECONDS"
+        value_name = "DURATION"
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub credential_helper_timeout: Option<u64>,
+    pub credential_helper_timeout: Option<DurationText>,
 
     /// PEM file of the CA certificates that sign the server's certificate [default: system roots]
     #[arg(long, env = "DTLTO_REAPI_TLS_CA_CERT", value_name = "FILE")]
@@ -427,20 +508,21 @@ pub struct SettingsArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub strategy: Option<Strategy>,
 
-    /// Deadline of each remote call, in seconds, retries included [default: 60]
-    #[arg(long, env = "DTLTO_REAPI_REMOTE_TIMEOUT", value_name = "SECONDS")]
+    /// Deadline of each remote call, retries included: seconds, or a number with a unit (500ms,
+    /// 30s, 2m, 1h) [default: 60s]
+    #[arg(long, env = "DTLTO_REAPI_REMOTE_TIMEOUT", value_name = "DURATION")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote_timeout: Option<u64>,
+    pub remote_timeout: Option<DurationText>,
 
-    /// Longest wait for one remote execution, in seconds, from Execute to its result, queueing
-    /// and re-attaching included [default: 3600]
+    /// Longest wait for one remote execution, from Execute to its result, queueing and
+    /// re-attaching included: seconds, or a number with a unit (500ms, 30s, 2m, 1h) [default: 1h]
     #[arg(
         long,
         env = "DTLTO_REAPI_REMOTE_EXECUTE_TIMEOUT",
-        value_name = "SECONDS"
+        value_name = "DURATION"
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub remote_execute_timeout: Option<u64>,
+    pub remote_execute_timeout: Option<DurationText>,
 
     /// Retries of a remote call after a transient failure [default: 5]
     #[arg(long, env = "DTLTO_REAPI_REMOTE_RETRIES", value_name = "N")]
@@ -463,7 +545,7 @@ pub struct SettingsArgs {
     /// or mirror (paths as the link named them) [default: canonical]
     #[arg(long, env = "DTLTO_REAPI_LAYOUT", value_name = "LAYOUT")]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub layout: Option<crate::plan::layout::LayoutKind>,
+    pub layout: Option<LayoutKind>,
 
     /// In cache-only mode, upload the results of local compiles to the remote cache; false makes it
     /// read-only (e.g. developer machines with read-only credentials) [default: true]
@@ -490,4 +572,32 @@ pub struct SettingsArgs {
     #[arg(long, env = "DTLTO_REAPI_DISK_CACHE_MAX_SIZE", value_name = "SIZE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_cache_max_size: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_seconds_or_a_number_with_a_unit() {
+        let ms = |text| parse_duration(text).map(|d| d.as_millis());
+        assert_eq!(ms("30"), Ok(30_000));
+        assert_eq!(ms(" 30s "), Ok(30_000));
+        assert_eq!(ms("500ms"), Ok(500));
+        assert_eq!(ms("2m"), Ok(120_000));
+        assert_eq!(ms("2 min"), Ok(120_000));
+        assert_eq!(ms("1h"), Ok(3_600_000));
+        for bad in [
+            "",
+            "s",
+            "-3",
+            "1.5s",
+            "30x",
+            "99999999999999999999h",
+            "true",
+        ] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("not a duration"), "{bad}: {e}");
+        }
+    }
 }

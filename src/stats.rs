@@ -16,8 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::jobs::Job;
 use crate::plan::action::ActionParts;
 use crate::plan::digests::HashingStats;
-use crate::plan::layout::LayoutKind;
-use crate::plan::toolchain::ToolchainMode;
+use crate::plan::options::{LayoutKind, ToolchainMode};
 use crate::reapi::TransferStats;
 
 /// Where a job's result came from.

@@ -227,7 +227,7 @@ fn a_hanging_helper_is_killed_at_its_timeout() {
     let errors = distributor_errors(&linked);
     assert_eq!(errors.len(), 1, "{}", linked.stderr);
     assert!(
-        errors[0].contains("did not answer within 1 s and was killed"),
+        errors[0].contains("did not answer within 1s and was killed"),
         "{}",
         errors[0]
     );

@@ -4,11 +4,11 @@
 
 mod isolation;
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// Runs `dtlto-reapi config` with `args`, `env` and (when given) a config file holding `toml`, in a
-/// fresh directory; returns the exit success and stderr.
-fn config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> (bool, String) {
+/// fresh directory.
+fn run_config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtlto-reapi"));
     isolation::isolate(&mut cmd)
@@ -18,11 +18,23 @@ fn config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> (bool, Str
         std::fs::write(dir.path().join("dtlto-reapi.toml"), toml).unwrap();
     }
     cmd.args(args).envs(env.iter().copied());
-    let out = cmd.output().unwrap();
+    cmd.output().unwrap()
+}
+
+/// [`run_config`]'s exit success and stderr.
+fn config(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> (bool, String) {
+    let out = run_config(args, env, toml);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// [`run_config`]'s exit success and its report of the settings, errors after it.
+fn config_stdout(args: &[&str], env: &[(&str, &str)], toml: Option<&str>) -> (bool, String) {
+    let out = run_config(args, env, toml);
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text.into_owned())
 }
 
 /// Panics unless the command failed with one error line containing every one of `needles`.
@@ -68,11 +80,34 @@ fn malformed_values_are_refused_from_every_source() {
             "not a host name",
         ),
     ];
-    for (option, var, key, bad, says) in cases {
+    let durations = [
+        (
+            "--remote-timeout",
+            "DTLTO_REAPI_REMOTE_TIMEOUT",
+            "remote-timeout",
+            "30x",
+            "not a duration",
+        ),
+        (
+            "--remote-execute-timeout",
+            "DTLTO_REAPI_REMOTE_EXECUTE_TIMEOUT",
+            "remote-execute-timeout",
+            "1.5h",
+            "not a duration",
+        ),
+        (
+            "--credential-helper-timeout",
+            "DTLTO_REAPI_CREDENTIAL_HELPER_TIMEOUT",
+            "credential-helper-timeout",
+            "ms",
+            "not a duration",
+        ),
+    ];
+    for (option, var, key, bad, says) in cases.into_iter().chain(durations) {
         let flag = format!("{option}={bad}");
         refused(config(&[&flag], &[], None), &[option, "command line", says]);
         refused(config(&[], &[(var, bad)], None), &[option, var, says]);
-        let toml = if key == "remote" {
+        let toml = if key == "remote" || key.ends_with("-timeout") {
             format!("{key} = \"{bad}\"\n")
         } else {
             format!("{key} = [\"{bad}\"]\n")
@@ -103,4 +138,45 @@ fn well_formed_values_are_accepted() {
         None,
     );
     assert!(ok, "{stderr}");
+}
+
+#[test]
+fn durations_take_units_and_plain_seconds_from_every_source() {
+    let shown = |(ok, stdout): (bool, String), line: &str| {
+        assert!(ok, "refused: {stdout}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(line)),
+            "no {line:?} in {stdout}"
+        );
+    };
+    shown(
+        config_stdout(&["--remote-timeout=500ms"], &[], None),
+        "remote-timeout = \"500ms\"  # command line",
+    );
+    shown(
+        config_stdout(&["--remote-timeout=45"], &[], None),
+        "remote-timeout = \"45s\"",
+    );
+    shown(
+        config_stdout(&[], &[("DTLTO_REAPI_REMOTE_EXECUTE_TIMEOUT", "2m")], None),
+        "remote-execute-timeout = \"120s\"  # environment",
+    );
+    // A config file may give whole seconds as a number, as before, or a string with a unit.
+    let toml = "credential-helper-timeout = 3\nremote-timeout = \"1h\"\n";
+    let out = config_stdout(&[], &[], Some(toml));
+    shown(
+        out.clone(),
+        "credential-helper-timeout = \"3s\"  # config file",
+    );
+    shown(out, "remote-timeout = \"3600s\"  # config file");
+    // Zero means the default.
+    shown(
+        config_stdout(&["--remote-timeout=0s"], &[], None),
+        "remote-timeout = \"60s\"",
+    );
+    // A malformed number in the config file is refused as the others are.
+    refused(
+        config(&[], &[], Some("remote-timeout = -3\n")),
+        &["--remote-timeout", "config file", "not a duration"],
+    );
 }

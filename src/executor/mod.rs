@@ -12,6 +12,7 @@
 mod child;
 mod context;
 mod disk_cache;
+mod health;
 mod local;
 mod local_runner;
 mod outcome;

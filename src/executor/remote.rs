@@ -17,9 +17,9 @@ use anyhow::{Result, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
 
 use super::context::RunContext;
+use super::health::Health;
 use super::local_runner::{LocalRunner, local_action_result};
 use super::outcome::{self, Outcome};
-use super::racing::Health;
 use super::uploads::Uploads;
 use crate::advice;
 use crate::jobs::Job;

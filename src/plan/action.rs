@@ -13,11 +13,12 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, Pl
 use serde::{Deserialize, Serialize};
 
 use super::args::rewrite_args;
-use super::digests::FileDigests;
+use super::digests::{FileDigests, InputPart};
 use super::environment::Environment;
-use super::layout::{Layout, LayoutKind, SHARD_NAME};
+use super::layout::{Layout, SHARD_NAME};
 use super::merkle::{TreeFile, build_tree};
-use super::toolchain::{Toolchain, ToolchainMode};
+use super::options::{LayoutKind, ToolchainMode};
+use super::toolchain::Toolchain;
 use crate::jobs::{Job, JobFile};
 use crate::reapi::digest::{self, Digest};
 use crate::reapi::{Blob, BlobSource};
@@ -92,13 +93,6 @@ pub struct ActionParts {
     pub index_shard: InputPart,
     /// The modules it imports from.
     pub imports: Vec<Arc<InputPart>>,
-}
-
-/// One input file of an Action: its path in the link and the digest of its content.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InputPart {
-    pub path: PathBuf,
-    pub digest: String,
 }
 
 /// Builds the Action of `job` in `layout`.

@@ -10,18 +10,24 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::action::InputPart;
 use crate::cache::DigestCache;
 use crate::cache::digest_cache::Remembered;
 use crate::reapi::digest::{self, Digest};
 
 /// What the planner needs to know of an input file.
+/// One input file of an Action: its path in the link and the digest of its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputPart {
+    pub path: PathBuf,
+    pub digest: String,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileInfo {
     pub digest: Digest,

@@ -20,6 +20,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use super::digests::{FileDigests, FileInfo};
+use super::options::LayoutKind;
 use crate::bitcode;
 use crate::cache::DigestCache;
 use crate::jobs::{Job, JobFile};
@@ -28,16 +29,6 @@ use crate::reapi::{BlobSource, Deferred};
 
 /// The directory, inside the working directory, that holds the files given fixed names.
 pub const RESERVED_DIR: &str = ".dtlto-reapi";
-
-/// Which layout a job's action uses.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum LayoutKind {
-    Canonical,
-    Mirror,
-}
 
 /// A job's files as its action sees them.
 #[derive(Debug, Clone)]
@@ -631,7 +622,8 @@ mod tests {
     #[test]
     fn the_action_digest_of_a_fixed_job_is_pinned() {
         use super::super::action::{ActionOptions, build};
-        use super::super::toolchain::{ModeRequest, Toolchain, ToolchainMode};
+        use super::super::options::ToolchainMode;
+        use super::super::toolchain::{ModeRequest, Toolchain};
         let dir = tempfile::tempdir().unwrap();
         let (layout, file, digests) = coff_canonical_layout(
             &dir.path().join("link"),

@@ -7,5 +7,6 @@ pub mod digests;
 pub mod environment;
 pub mod layout;
 pub mod merkle;
+pub mod options;
 pub mod planner;
 pub mod toolchain;

@@ -35,6 +35,7 @@ use object::{Endianness, ReadCache};
 
 use super::environment::Environment;
 use super::merkle::{TreeFile, build_tree};
+use super::options::ToolchainMode;
 use crate::cache::DigestCache;
 use crate::platform;
 use crate::reapi::digest::Digest;
@@ -44,18 +45,6 @@ const TOOLCHAIN_DIR: &str = ".dtlto-reapi/toolchain";
 
 /// The most shared libraries a compiler may need.
 const MAX_LIBRARIES: usize = 256;
-
-/// How actions get their compiler.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum ToolchainMode {
-    /// The compiler and what it needs are inputs of every action.
-    Upload,
-    /// The workers have the compiler (at `--remote-compiler`, or at the local compiler's path).
-    Worker,
-}
 
 /// Which compiler built an action's outputs, as recorded in every [`super::action::ActionSpec`].
 #[derive(Debug, Clone, PartialEq)]

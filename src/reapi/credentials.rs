@@ -191,7 +191,7 @@ impl Helper {
             Err(_) => {
                 return Err(ReapiError::CredentialHelperTimeout {
                     helper: self.path.display().to_string(),
-                    seconds: self.timeout.as_secs(),
+                    timeout: self.timeout,
                 });
             }
         };

@@ -32,8 +32,11 @@ pub enum ReapiError {
     CredentialHelper { helper: String, what: String },
 
     /// A credential helper did not answer in time, and was killed.
-    #[error("credential helper {helper} did not answer within {seconds} s and was killed")]
-    CredentialHelperTimeout { helper: String, seconds: u64 },
+    #[error("credential helper {helper} did not answer within {timeout:?} and was killed")]
+    CredentialHelperTimeout {
+        helper: String,
+        timeout: std::time::Duration,
+    },
 
     /// An RPC failed with a gRPC status (after any retries).
     #[error("{rpc} on {endpoint} failed with {}: {message}{}", code_name(*.code), retries_note(*.retries))]
