@@ -45,5 +45,5 @@ measure() { # name distributor-args...
 
 echo "$modules modules, N=$jobs"
 measure local --jobs="$jobs"
-measure remote-cold --remote="$url"
-measure remote-cached --remote="$url"
+measure remote-cold --remote="$url" --strategy=remote
+measure remote-cached --remote="$url" --strategy=remote

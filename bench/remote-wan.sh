@@ -32,7 +32,7 @@ link() {
     local name=$1
     start_server --throttle-bandwidth "$bandwidth" --throttle-latency-ms "$latency"
     local args=(-Wl,--thinlto-remote-compiler="$CLANG" -fthinlto-distributor="$distributor"
-        -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--remote-compression="$2"
+        -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy=remote -Xthinlto-distributor=--remote-compression="$2"
         -Xthinlto-distributor=--stats-json="$out/$name.stats.json")
     local start=$EPOCHREALTIME
     "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" "${args[@]}" \

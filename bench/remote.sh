@@ -63,12 +63,12 @@ link warmup "$project" # page cache
 for round in $(seq "$runs"); do
     link local "$project"
     start_server
-    link remote-cold "$project" --remote="$server_url"
-    link remote-cached "$project" --remote="$server_url"
-    backend_flag=-fno-slp-vectorize link remote-rerun "$project" --remote="$server_url"
+    link remote-cold "$project" --remote="$server_url" --strategy=remote
+    link remote-cached "$project" --remote="$server_url" --strategy=remote
+    backend_flag=-fno-slp-vectorize link remote-rerun "$project" --remote="$server_url" --strategy=remote
     fresh=$out/fresh-$round
     mkdir -p "$fresh" && cp "$project"/*.o "$project/inputs.rsp" "$fresh/"
-    link fresh-dir "$fresh" --remote="$server_url"
+    link fresh-dir "$fresh" --remote="$server_url" --strategy=remote
     rm -rf "$out/lld-cache" && lld_cache_link lld-cache-cold "$out/lld-cache"
     lld_cache_link lld-cache-warm "$out/lld-cache"
     say "round $round of $runs done"

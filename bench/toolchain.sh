@@ -56,11 +56,11 @@ say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) co
 : >"$out/times.tsv"
 for round in $(seq "$runs"); do
     start_server
-    link upload-cold --remote="$server_url"
+    link upload-cold --remote="$server_url" --strategy=remote
     start_server
     (cd seed && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" seed.o -o seed \
-        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url")
-    link compiler-in-cas --remote="$server_url"
+        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy=remote)
+    link compiler-in-cas --remote="$server_url" --strategy=remote
     say "round $round of $runs done"
 done
 stop_server

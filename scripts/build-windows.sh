@@ -10,7 +10,8 @@
 #   ziglang==0.17.1 win_amd64 wheel, unpacked once next to scripts/ziglang.sh's Linux zig.
 #
 # Prints `EXE=PATH` (the distributor) and `ZIG_EXE=PATH` (the Windows zig). Arguments are passed
-# on to cargo (e.g. --locked).
+# on to cargo (e.g. --locked); `--installed` only prints the paths, and fails naming what is missing
+# (the tests use it: they need what this script builds, and fail rather than skip without it).
 # Environment: DTLTO_REAPI_TOOLCHAIN_DIR as for scripts/ziglang.sh.
 set -euo pipefail
 
@@ -18,6 +19,21 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export DEBIAN_FRONTEND=noninteractive
 TARGET=x86_64-pc-windows-gnu
 ZIGLANG_VERSION=0.17.1
+out="${CARGO_TARGET_DIR:-$PWD/target}/$TARGET/release"
+dir="${DTLTO_REAPI_TOOLCHAIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dtlto-reapi/toolchain}"
+zigwin="$dir/ziglang-$ZIGLANG_VERSION-win_amd64"
+
+if [[ "${1:-}" == --installed ]]; then
+    for file in "$out/dtlto-reapi.exe" "$out/bcryptprimitives.dll" "$zigwin/ziglang/zig.exe"; do
+        if [[ ! -f "$file" ]]; then
+            echo "build-windows.sh: $file is missing: run scripts/build-windows.sh" >&2
+            exit 1
+        fi
+    done
+    echo "EXE=$out/dtlto-reapi.exe"
+    echo "ZIG_EXE=$zigwin/ziglang/zig.exe"
+    exit 0
+fi
 
 if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$TARGET"; then
     echo "build-windows.sh: rustup target add $TARGET" >&2
@@ -40,15 +56,12 @@ if ! command -v x86_64-w64-mingw32-gcc >/dev/null; then
 fi
 
 cargo build --release --target "$TARGET" "$@" >&2
-out="target/$TARGET/release"
 
 stub="$out/bcryptprimitives.dll"
 if [[ ! "$stub" -nt scripts/windows/bcryptprimitives.c ]]; then
     x86_64-w64-mingw32-gcc -shared -O2 -s -o "$stub" scripts/windows/bcryptprimitives.c -ladvapi32
 fi
 
-dir="${DTLTO_REAPI_TOOLCHAIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dtlto-reapi/toolchain}"
-zigwin="$dir/ziglang-$ZIGLANG_VERSION-win_amd64"
 if [[ ! -f "$zigwin/ziglang/zig.exe" ]]; then
     echo "build-windows.sh: installing zig.exe from ziglang==$ZIGLANG_VERSION (win_amd64) into $zigwin" >&2
     mkdir -p "$dir"
@@ -65,5 +78,5 @@ if [[ ! -f "$zigwin/ziglang/zig.exe" ]]; then
     mv "$zigwin.partial" "$zigwin"
 fi
 
-echo "EXE=$PWD/$out/dtlto-reapi.exe"
+echo "EXE=$out/dtlto-reapi.exe"
 echo "ZIG_EXE=$zigwin/ziglang/zig.exe"

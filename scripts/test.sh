@@ -10,6 +10,8 @@
 # - From PyPI, once, into ~/.cache/dtlto-reapi: clang/lld 22 (scripts/toolchain.sh, unless a
 #   clang/lld >= 21 is on PATH), the ziglang package (scripts/ziglang.sh) and BuildGrid
 #   (scripts/buildgrid.sh), the third-party REAPI server of the interop tests.
+# - The Windows build of dtlto-reapi and the Windows zig.exe (scripts/build-windows.sh, which
+#   installs the Rust target and mingw), for the tests of Windows-hosted links under wine.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,5 +41,7 @@ echo "test.sh: clang/lld (scripts/toolchain.sh), ziglang (scripts/ziglang.sh), B
 scripts/toolchain.sh >/dev/null
 scripts/ziglang.sh >/dev/null
 scripts/buildgrid.sh >/dev/null
+echo "test.sh: the Windows build (scripts/build-windows.sh)" >&2
+scripts/build-windows.sh >/dev/null
 
 exec cargo test --release "$@"

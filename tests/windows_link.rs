@@ -19,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::tools::zig;
+use common::tools::{windows_host, zig};
 use common::{
     Linked, Project, Server, Stats, Wrappers, distributor, ran_only, run, run_ok, stats_in,
 };
@@ -306,6 +306,15 @@ impl Drop for Wine {
     }
 }
 
+/// A `dtlto-reapi serve` whose actions cannot see the `projects`' directories.
+fn server_hiding(projects: &[&Project]) -> Server {
+    Server::start(
+        projects
+            .iter()
+            .flat_map(|p| ["--hide".to_owned(), p.dir().display().to_string()]),
+    )
+}
+
 /// The job file's jobs as `(module, imported modules)`, file names only.
 fn jobs_and_imports(linked: &Linked) -> BTreeMap<String, Vec<String>> {
     let name = |path: &serde_json::Value| -> String {
@@ -368,12 +377,7 @@ fn remote_objects_equal_local_ones_and_a_copy_elsewhere_relinks_from_the_action_
     let project = windows_project();
     let copy = project.copy_elsewhere();
     // The toolchain stays visible: the actions run the same `zig` as the link.
-    let server = Server::start([
-        "--hide".to_owned(),
-        project.dir().display().to_string(),
-        "--hide".to_owned(),
-        copy.dir().display().to_string(),
-    ]);
+    let server = server_hiding(&[&project, &copy]);
     let remote_arg = format!("--remote={}", server.url());
 
     let remote = lld_link(&project, "remote/app.exe", &[&remote_arg]);
@@ -448,4 +452,246 @@ fn the_link_wrapper_gives_lld_link_and_an_msvc_target_clang_their_options() {
             links[0]
         );
     }
+}
+
+// Windows hosts: the distributor is itself a Windows program, `dtlto-reapi.exe`, run by the Windows
+// `zig.exe lld-link` under wine (both from `scripts/build-windows.sh`).
+
+/// The Linux file at the absolute `path` as a Windows program under wine sees it: drive `Z:` is
+/// the Linux root, and lld-link writes the paths it derives with mixed separators.
+fn on_z(path: &Path) -> OsString {
+    let mut windows = OsString::from("Z:");
+    windows.push(path);
+    windows
+}
+
+/// Links the project to `output` with the Windows `zig.exe lld-link` under `wine`, every backend
+/// compile handed to `dtlto-reapi.exe` with `distributor_args` (its `--stats-json` beside `output`)
+/// and given `compiler_args`. It does not judge the result.
+fn windows_hosted_link(
+    wine: &Wine,
+    project: &Project,
+    output: &str,
+    distributor_args: &[&str],
+    compiler_args: &[&str],
+) -> Linked {
+    let host = windows_host();
+    let (output_path, stats) = output_paths(project, output);
+    let option = |name: &str, value: &Path| {
+        let mut option = OsString::from(name);
+        option.push(on_z(value));
+        option
+    };
+    let mut cmd = wine.command(&host.zig_exe);
+    cmd.current_dir(project.dir())
+        .arg("lld-link")
+        .arg(format!("/out:{output}"))
+        .args(project.inputs())
+        .args([
+            KERNEL32,
+            "/nodefaultlib",
+            "/entry:main",
+            "/subsystem:console",
+        ])
+        .arg(option("/thinlto-distributor:", &host.exe))
+        .arg(option("/thinlto-remote-compiler:", &host.zig_exe))
+        .args(["/thinlto-remote-compiler-prepend-arg:clang", DETERMINISTIC])
+        .arg(option("/thinlto-distributor-arg:--stats-json=", &stats))
+        .args(
+            distributor_args
+                .iter()
+                .map(|arg| format!("/thinlto-distributor-arg:{arg}")),
+        )
+        .args(
+            compiler_args
+                .iter()
+                .map(|arg| format!("/thinlto-remote-compiler-arg:{arg}")),
+        )
+        .arg("/lldsavetemps");
+    let out = run(&mut cmd);
+    Linked::from_run(&cmd, out, output_path, Some(stats))
+}
+
+#[test]
+fn a_windows_hosted_link_compiles_locally_the_objects_a_linux_link_does() {
+    let wine = Wine::new();
+    let project = windows_project();
+    let windows = windows_hosted_link(&wine, &project, "windows/app.exe", &[], &[]);
+    assert_eq!(wine.run_program(&windows), expected_output());
+    let stats = windows.stats();
+    assert_eq!(stats.ran(), ran_only("local", JOBS), "{stats}");
+    // The Windows zig.exe and the Linux zig compile the same bitcode to the same objects.
+    let linux = lld_link(&project, "linux/app.exe", &[]);
+    assert_eq!(
+        windows.native_object_contents(),
+        linux.native_object_contents()
+    );
+}
+
+#[test]
+fn a_windows_hosted_link_runs_every_job_on_linux_workers_and_shares_their_cache_with_linux_links() {
+    let wine = Wine::new();
+    let project = windows_project();
+    let copy = project.copy_elsewhere();
+    let server = server_hiding(&[&project, &copy]);
+    let remote = format!("--remote={}", server.url());
+    // The Linux zig, uploaded with every action: the workers cannot run zig.exe.
+    let upload = format!("--upload-compiler={}", on_z(&zig().zig).to_string_lossy());
+    let args = [remote.as_str(), upload.as_str(), "--strategy=remote"];
+
+    let first = windows_hosted_link(&wine, &project, "remote/app.exe", &args, &[]);
+    assert_eq!(wine.run_program(&first), expected_output());
+    let first_stats = first.stats();
+    assert_eq!(first_stats.ran(), ran_only("remote", JOBS), "{first_stats}");
+    let local = windows_hosted_link(&wine, &project, "local/app.exe", &[], &[]);
+    assert_eq!(
+        first.native_object_contents(),
+        local.native_object_contents()
+    );
+
+    // Another checkout, linked on Windows again: every job from the action cache.
+    let relinked = windows_hosted_link(&wine, &copy, "out/app.exe", &args, &[]);
+    assert_eq!(wine.run_program(&relinked), expected_output());
+    let again = relinked.stats();
+    assert_eq!(again.ran(), ran_only("action-cache", JOBS), "{again}");
+    assert_eq!(first_stats.actions(), again.actions());
+
+    // A link of the same project on Linux, whose compiler is that Linux zig: the same Actions.
+    let linux = lld_link(&copy, "linux/app.exe", &[&remote]);
+    assert_eq!(wine.run_program(&linux), expected_output());
+    let linux_stats = linux.stats();
+    assert_eq!(
+        linux_stats.ran(),
+        ran_only("action-cache", JOBS),
+        "{linux_stats}"
+    );
+    assert_eq!(first_stats.actions(), linux_stats.actions());
+}
+
+#[test]
+fn a_failing_job_of_a_windows_hosted_link_fails_it_without_an_output() {
+    let wine = Wine::new();
+    let project = windows_project();
+    let (output, _) = output_paths(&project, "failed/app.exe");
+    let linked = windows_hosted_link(&wine, &project, "failed/app.exe", &[], &["--no-such-flag"]);
+    linked
+        .assert_failure()
+        .assert_stderr_contains("unknown argument: '--no-such-flag'");
+    assert!(!output.exists(), "{} was written", output.display());
+    assert_eq!(linked.native_objects(), Vec::<PathBuf>::new());
+}
+
+/// A Windows "compiler" that records that it started (`started.<its pid>` in its working directory)
+/// and then hangs, built with mingw.
+const HANGING_COMPILER: &str = r#"#include <windows.h>
+#include <stdio.h>
+
+int main(void) {
+    char name[64];
+    snprintf(name, sizeof name, "started.%lu", GetCurrentProcessId());
+    CloseHandle(CreateFileA(name, GENERIC_WRITE, 0, NULL, CREATE_ALWAYS, 0, NULL));
+    Sleep(INFINITE);
+    return 0;
+}
+"#;
+
+/// The Linux processes whose command line names `program` (wine runs each Windows process as one).
+fn processes_running(program: &str) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = fs::read(entry.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(program)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// Polls `done` every 50 ms for at most `limit`; returns whether it became true.
+fn eventually(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
+}
+
+#[test]
+fn the_job_objects_of_a_killed_windows_distributor_kill_its_compiles() {
+    let wine = Wine::new();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    // Named after this test's directory, so that no other test's processes match.
+    let name = format!(
+        "hanging {}.exe",
+        dir.path().file_name().unwrap().to_string_lossy()
+    );
+    let mingw = common::tools::system_tool(&["x86_64-w64-mingw32-gcc"], "gcc-mingw-w64-x86-64");
+    common::write(&dir.path().join("hang.c"), HANGING_COMPILER.as_bytes());
+    run_ok(
+        Command::new(mingw)
+            .current_dir(dir.path())
+            .args(["-O1", "hang.c", "-o"])
+            .arg(&name),
+    );
+    let jobs: Vec<_> = (0..2)
+        .map(|i| {
+            common::write(&dir.path().join(format!("m{i}.o")), b"x");
+            common::write(&dir.path().join(format!("m{i}.bc")), b"x");
+            serde_json::json!({"args": [format!("m{i}.o"), "-o", format!("m{i}.native.o")],
+                               "inputs": [format!("m{i}.o"), format!("m{i}.bc")],
+                               "outputs": [format!("m{i}.native.o")]})
+        })
+        .collect();
+    let compiler = on_z(&dir.path().join(&name)).to_string_lossy().into_owned();
+    let job_file = serde_json::json!({
+        "common": {"linker_output": "app", "args": [compiler], "inputs": []},
+        "jobs": jobs,
+    });
+    common::write(
+        &dir.path().join("app.1.dist-file.json"),
+        job_file.to_string().as_bytes(),
+    );
+
+    let mut distributor = wine.command(&windows_host().exe);
+    distributor
+        .current_dir(dir.path())
+        .args(["--jobs=2", "app.1.dist-file.json"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut distributor = distributor.spawn().expect("wine dtlto-reapi.exe");
+    let started = || {
+        fs::read_dir(dir.path())
+            .map(|entries| {
+                let names = entries.flatten().map(|e| e.file_name());
+                names
+                    .filter(|n| n.to_string_lossy().starts_with("started."))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let both = eventually(std::time::Duration::from_secs(120), || started() == 2);
+    if !both {
+        let _ = distributor.kill();
+        panic!("the two compiles never started");
+    }
+    assert_eq!(processes_running(&name).len(), 2, "the compiles run");
+    // SIGKILL: the distributor cannot end anything itself; closing its handles ends the jobs.
+    distributor.kill().expect("kill the distributor");
+    distributor.wait().expect("wait for the distributor");
+    assert!(
+        eventually(std::time::Duration::from_secs(60), || processes_running(
+            &name
+        )
+        .is_empty()),
+        "compiles outlived the distributor: {:?}",
+        processes_running(&name)
+    );
 }

@@ -112,8 +112,14 @@ pub const NULL_DEVICE: &str = "NUL";
 /// and Ctrl-Break are left to the command, which shares the console, and this process exits with
 /// its exit code. Returns only the error that kept it from starting.
 pub fn run_in_place(mut command: std::process::Command) -> io::Error {
-    // SAFETY: no handler, TRUE: this process ignores Ctrl-C; the command gets it and decides.
-    unsafe { SetConsoleCtrlHandler(None, 1) };
+    /// Takes every console event as handled, so that this process outlives the command's own
+    /// handling of it. (A handler, not `SetConsoleCtrlHandler(NULL, TRUE)`: that would be
+    /// inherited, and the command would ignore Ctrl-C too.)
+    unsafe extern "system" fn leave_to_the_command(_event: u32) -> i32 {
+        1
+    }
+    // SAFETY: a handler that touches nothing, for the life of the process.
+    unsafe { SetConsoleCtrlHandler(Some(leave_to_the_command), 1) };
     match command.status() {
         Ok(status) => std::process::exit(status.code().unwrap_or(1)),
         Err(e) => e,

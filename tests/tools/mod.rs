@@ -66,6 +66,25 @@ pub fn zig() -> &'static Zig {
     })
 }
 
+/// The Windows build of the distributor and the Windows zig (clang and lld-link 22), both made by
+/// `scripts/build-windows.sh`, which `scripts/test.sh` runs first.
+pub struct WindowsHost {
+    /// `dtlto-reapi.exe`, with the wine-only `bcryptprimitives.dll` stub beside it.
+    pub exe: PathBuf,
+    /// `zig.exe` from ziglang's win_amd64 wheel.
+    pub zig_exe: PathBuf,
+}
+
+/// What `scripts/build-windows.sh` built; panics naming what is missing when it has not run.
+pub fn windows_host() -> &'static WindowsHost {
+    static HOST: OnceLock<WindowsHost> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let [exe, zig_exe] =
+            script_paths("scripts/build-windows.sh --installed", ["EXE", "ZIG_EXE"]);
+        WindowsHost { exe, zig_exe }
+    })
+}
+
 /// BuildGrid's `bgd` command (client and server), installed once per test process by
 /// `scripts/buildgrid.sh`; panics with the script's stderr when the install fails.
 pub fn bgd() -> &'static Path {
@@ -76,15 +95,18 @@ pub fn bgd() -> &'static Path {
     })
 }
 
-/// Runs one of the project's install scripts (`script` is relative to the repository) and returns
-/// the paths it printed as `NAME=PATH` lines for each of `names`, in order.
+/// Runs one of the project's install scripts (`script` is relative to the repository, followed by
+/// its arguments if any) and returns the paths it printed as `NAME=PATH` lines for each of `names`,
+/// in order.
 ///
 /// Panics with the script's stderr when it fails, and with its stdout when a name is missing: the
 /// tests need what it installs, so they fail rather than skip.
 pub fn script_paths<const N: usize>(script: &str, names: [&str; N]) -> [PathBuf; N] {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let mut words = script.split(' ');
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(words.next().unwrap_or_default());
     let out = Command::new("bash")
         .arg(&script)
+        .args(words)
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
