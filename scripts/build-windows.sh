@@ -40,20 +40,8 @@ if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "
     rustup target add "$TARGET" >&2
 fi
 
-if ! command -v x86_64-w64-mingw32-gcc >/dev/null; then
-    if [[ $(id -u) -eq 0 ]]; then
-        as_root=()
-    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        as_root=(sudo -n)
-    else
-        echo "build-windows.sh: the Windows build needs mingw's gcc as its linker" >&2
-        echo "build-windows.sh: install it with: sudo apt-get install gcc-mingw-w64-x86-64" >&2
-        exit 1
-    fi
-    echo "build-windows.sh: installing gcc-mingw-w64-x86-64" >&2
-    "${as_root[@]}" apt-get update -q >&2
-    "${as_root[@]}" apt-get install -y -q --no-install-recommends gcc-mingw-w64-x86-64 >&2
-fi
+source scripts/debian-packages.sh
+install_debian_packages "the Windows build (mingw's gcc is its linker)" gcc-mingw-w64-x86-64
 
 cargo build --release --target "$TARGET" "$@" >&2
 

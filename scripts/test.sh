@@ -17,25 +17,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export DEBIAN_FRONTEND=noninteractive
 
-packages=(python3-venv gcc libc6-dev cmake make ccache wine64)
-missing=()
-for package in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
-done
-if [[ ${#missing[@]} -gt 0 ]]; then
-    if [[ $(id -u) -eq 0 ]]; then
-        as_root=()
-    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        as_root=(sudo -n)
-    else
-        echo "test.sh: the tests need these Debian packages: ${missing[*]}" >&2
-        echo "test.sh: install them with: sudo apt-get install --no-install-recommends ${missing[*]}" >&2
-        exit 1
-    fi
-    echo "test.sh: installing ${missing[*]}" >&2
-    "${as_root[@]}" apt-get update -q
-    "${as_root[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+source scripts/debian-packages.sh
+install_debian_packages "the test suite" python3-venv gcc libc6-dev cmake make ccache wine64
 
 echo "test.sh: clang/lld (scripts/toolchain.sh), ziglang (scripts/ziglang.sh), BuildGrid (scripts/buildgrid.sh)" >&2
 scripts/toolchain.sh >/dev/null
