@@ -537,12 +537,17 @@ fn a_windows_hosted_link_runs_every_job_on_linux_workers_and_shares_their_cache_
     let remote = format!("--remote={}", server.url());
     // The Linux zig, uploaded with every action: the workers cannot run zig.exe.
     let upload = format!("--upload-compiler={}", on_z(&zig().zig).to_string_lossy());
-    let args = [remote.as_str(), upload.as_str(), "--strategy=remote"];
+    // Racing asked for: with another compiler uploaded, no local compile may race.
+    let args = [remote.as_str(), upload.as_str(), "--strategy=racing"];
 
     let first = windows_hosted_link(&wine, &project, "remote/app.exe", &args, &[]);
     assert_eq!(wine.run_program(&first), expected_output());
     let first_stats = first.stats();
     assert_eq!(first_stats.ran(), ran_only("remote", JOBS), "{first_stats}");
+    assert!(
+        first_stats.jobs().iter().all(|job| job["race"].is_null()),
+        "a local compile raced: {first_stats}"
+    );
     let local = windows_hosted_link(&wine, &project, "local/app.exe", &[], &[]);
     assert_eq!(
         first.native_object_contents(),

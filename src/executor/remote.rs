@@ -177,8 +177,13 @@ impl RemoteExecutor {
                 self.run_cache_only(ctx, job, spec, &call, local, started)
                     .await
             }
-            (_, Strategy::Racing) => self.run_racing(ctx, job, spec, &call, local, started).await,
-            (_, Strategy::Remote) => self.run_remote(ctx, job, spec, &call, local, started).await,
+            // A local compile races only when it is the Action's computation: with another
+            // compiler uploaded (`--upload-compiler`), a local winner's object would not be what
+            // the Action's key describes.
+            (_, Strategy::Racing) if spec.local_is_action => {
+                self.run_racing(ctx, job, spec, &call, local, started).await
+            }
+            _ => self.run_remote(ctx, job, spec, &call, local, started).await,
         }
     }
 
