@@ -226,34 +226,31 @@ fn switch(stats: &Stats, linked: &Linked) -> (String, usize) {
     (reason.to_owned(), local_jobs)
 }
 
-#[test]
-fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_failures() {
-    // One job at a time (--remote-jobs=1), so that what the cluster sees after the switch shows.
-    // Every action-cache lookup fails, and every Execute: the lookups alone make three failures in
-    // a row by the third job, whoever wins each race before.
+/// A racing link of a 12-job project, one remote job at a time (--remote-jobs=1, so that what the
+/// cluster sees after the switch shows), against a server started with `faults` that hides the
+/// project: the link must succeed, run correctly and compile every job locally. Returns its stats,
+/// the switch's reason and local jobs, and the calls the server received.
+fn link_to_switch(
+    faults: &[&str],
+    distributor_args: &[&str],
+) -> (Stats, String, usize, serde_json::Value) {
     let (project, expected) = chain_project(11);
     let hide = project.dir().display().to_string();
     let served = tempfile::tempdir().unwrap();
     let served_stats = served.path().join("serve.json");
-    let server = Server::start([
+    let mut server_args = vec![
         "--hide",
         &hide,
-        "--fault-fail",
-        "GetActionResult=UNAVAILABLE:1000000",
-        "--fault-fail",
-        "Execute=UNAVAILABLE:1000000",
         "--stats-json",
         served_stats.to_str().unwrap(),
-    ]);
+    ];
+    server_args.extend_from_slice(faults);
+    let server = Server::start(server_args);
     let linked = project
         .link("app")
         .remote(server.url())
-        .distributor_args([
-            "--strategy=racing",
-            "--jobs=2",
-            "--remote-jobs=1",
-            "--remote-retries=0",
-        ])
+        .distributor_args(["--strategy=racing", "--jobs=2", "--remote-jobs=1"])
+        .distributor_args(distributor_args.iter().copied())
         .stats_json()
         .run();
     linked.assert_success();
@@ -261,10 +258,24 @@ fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_fa
     let stats = linked.stats();
     assert_eq!(stats.ran(), ran_only("local", 12), "{stats}");
     let (reason, local_jobs) = switch(&stats, &linked);
+    let calls = calls_received(server, &served_stats);
+    (stats, reason, local_jobs, calls)
+}
+
+#[test]
+fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_failures() {
+    // Every action-cache lookup fails, and every Execute: the lookups alone make three failures in
+    // a row by the third job, whoever wins each race before.
+    let faults = [
+        "--fault-fail",
+        "GetActionResult=UNAVAILABLE:1000000",
+        "--fault-fail",
+        "Execute=UNAVAILABLE:1000000",
+    ];
+    let (stats, reason, local_jobs, calls) = link_to_switch(&faults, &["--remote-retries=0"]);
     assert!(reason.contains("failed 3 jobs in a row"), "{reason}");
     assert!(local_jobs >= 9, "{stats}");
     // The cluster heard from the first three jobs at most, and nothing after the switch.
-    let calls = calls_received(server, &served_stats);
     assert!(count(&calls, "GetActionResult") <= 3, "{calls}");
     assert!(count(&calls, "Execute") <= 2, "{calls}");
 }
@@ -273,35 +284,11 @@ fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_fa
 fn when_the_cluster_keeps_losing_the_link_switches_to_local_mode_after_eight_races() {
     // Every Execute held for ten minutes: the local side wins every race; after 2 x --jobs (at
     // least 8) wins in a row the rest of the link compiles locally without asking the cluster.
-    let (project, expected) = chain_project(11);
-    let hide = project.dir().display().to_string();
-    let served = tempfile::tempdir().unwrap();
-    let served_stats = served.path().join("serve.json");
-    let server = Server::start([
-        "--hide",
-        &hide,
-        "--workers",
-        "1",
-        "--fault-slow",
-        "Execute=600000",
-        "--stats-json",
-        served_stats.to_str().unwrap(),
-    ]);
-    let linked = project
-        .link("app")
-        .remote(server.url())
-        .distributor_args(["--strategy=racing", "--jobs=2", "--remote-jobs=1"])
-        .stats_json()
-        .run();
-    linked.assert_success();
-    assert_eq!(linked.run_program(), expected);
-    let stats = linked.stats();
-    assert_eq!(stats.ran(), ran_only("local", 12), "{stats}");
-    let (reason, local_jobs) = switch(&stats, &linked);
+    let faults = ["--workers", "1", "--fault-slow", "Execute=600000"];
+    let (stats, reason, local_jobs, calls) = link_to_switch(&faults, &[]);
     assert!(reason.contains("won 8 races in a row"), "{reason}");
     assert_eq!(local_jobs, 4, "{stats}");
     assert_eq!(winners(&stats).iter().filter(|w| *w == "local").count(), 8);
-    let calls = calls_received(server, &served_stats);
     assert_eq!(count(&calls, "GetActionResult"), 8, "{calls}");
     assert!(count(&calls, "Execute") <= 8, "{calls}");
 }
