@@ -570,8 +570,8 @@ mod tests {
                 .chain([file("m.native.o").display().to_string()])
                 .chain([file("m.o").display().to_string()])
                 .collect(),
-            inputs: vec![file("m.o"), file("m.thinlto.bc")],
-            outputs: vec![file("m.native.o")],
+            inputs: vec![file("m.o"), file("m.thinlto.bc")].into(),
+            outputs: vec![file("m.native.o")].into(),
         };
         let compiler = "/usr/bin/true".to_owned();
         let prepend = vec!["clang".to_owned()];

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -29,16 +30,17 @@ pub struct JobFile {
     pub jobs: Vec<Job>,
 }
 
-/// One ThinLTO backend compile.
+/// One ThinLTO backend compile. Cheap to clone (its lists are shared): a job is handed from the
+/// scheduler to planning and execution, and may list ~100 imports.
 #[derive(Debug, Clone)]
 pub struct Job {
     /// Position in the job file, for messages.
     pub index: usize,
-    pub args: Vec<String>,
+    pub args: Arc<[String]>,
     /// `[module, index shard, imported modules...]`; validated to hold at least two entries.
-    pub inputs: Vec<PathBuf>,
+    pub inputs: Arc<[PathBuf]>,
     /// `[native object, other outputs...]`; validated to hold at least one entry.
-    pub outputs: Vec<PathBuf>,
+    pub outputs: Arc<[PathBuf]>,
 }
 
 impl Job {
@@ -235,7 +237,11 @@ impl JobFile {
 
     /// The full command line of `job`: `common.args ++ job.args`.
     pub fn command(&self, job: &Job) -> Vec<String> {
-        self.common_args.iter().chain(&job.args).cloned().collect()
+        self.common_args
+            .iter()
+            .chain(job.args.iter())
+            .cloned()
+            .collect()
     }
 }
 
@@ -284,7 +290,7 @@ fn parse_job(index: usize, entry: &Value) -> Result<Job, Vec<String>> {
     if problems.is_empty() {
         Ok(Job {
             index,
-            args,
+            args: args.into(),
             inputs: inputs.into_iter().map(PathBuf::from).collect(),
             outputs: outputs.into_iter().map(PathBuf::from).collect(),
         })
@@ -344,7 +350,7 @@ fn clashing_outputs(jobs: &[Job], common_inputs: &[PathBuf]) -> Vec<String> {
             .or_insert_with(|| "an input of every job (`common.inputs`)".to_owned());
     }
     for job in jobs {
-        for input in &job.inputs {
+        for input in job.inputs.iter() {
             inputs
                 .entry(normalized(input))
                 .or_insert_with(|| format!("an input of job {}", job.index));

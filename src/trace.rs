@@ -378,9 +378,9 @@ mod tests {
     fn job(index: usize, module: &str) -> Job {
         Job {
             index,
-            args: vec![module.to_owned()],
-            inputs: vec![module.into(), "x.thinlto.bc".into()],
-            outputs: vec!["x.o".into()],
+            args: vec![module.to_owned()].into(),
+            inputs: vec![module.into(), "x.thinlto.bc".into()].into(),
+            outputs: vec!["x.o".into()].into(),
         }
     }
 

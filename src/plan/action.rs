@@ -16,9 +16,9 @@ use super::args::rewrite_args;
 use super::digests::{FileDigests, InputPart};
 use super::environment::Environment;
 use super::layout::{Layout, SHARD_NAME};
-use super::merkle::{TreeFile, build_tree};
+use super::merkle::{TreeEntry, build_tree};
 use super::options::{LayoutKind, ToolchainMode};
-use super::toolchain::Toolchain;
+use super::toolchain::{Toolchain, ToolchainFile};
 use crate::jobs::{Job, JobFile};
 use crate::reapi::digest::{self, Digest};
 use crate::reapi::{Blob, BlobSource};
@@ -176,19 +176,24 @@ pub fn assemble(
     digests: &FileDigests,
     options: &ActionOptions,
 ) -> Result<Assembled, String> {
-    let mut blobs = Vec::new();
-    let mut tree_entries = Vec::with_capacity(layout.inputs.len());
+    let toolchain = &options.toolchain;
+    let toolchain_inputs: Vec<(String, &ToolchainFile)> = toolchain
+        .inputs()
+        .into_iter()
+        .map(|(path, file)| (layout.in_working_directory(&path), file))
+        .collect();
+    let mut blobs = Vec::with_capacity(layout.inputs.len() + layout.generated.len() + 4);
+    let mut tree_entries =
+        Vec::with_capacity(layout.inputs.len() + layout.generated.len() + toolchain_inputs.len());
     for (path, local) in &layout.inputs {
         let info = digests
             .get(local)
             .ok_or_else(|| format!("{} was not hashed", local.display()))?;
-        tree_entries.push((
-            path.clone(),
-            TreeFile {
-                digest: info.digest.clone(),
-                executable: info.executable,
-            },
-        ));
+        tree_entries.push(TreeEntry {
+            path,
+            digest: &info.digest,
+            executable: info.executable,
+        });
         blobs.push(Blob {
             digest: info.digest.clone(),
             source: BlobSource::File(local.clone()),
@@ -199,25 +204,22 @@ pub fn assemble(
         if generated.path == SHARD_NAME {
             rewritten_shard = Some(generated.digest.clone());
         }
-        tree_entries.push((
-            generated.path.clone(),
-            TreeFile {
-                digest: generated.digest.clone(),
-                executable: false,
-            },
-        ));
+        tree_entries.push(TreeEntry {
+            path: &generated.path,
+            digest: &generated.digest,
+            executable: false,
+        });
         blobs.push(Blob {
             digest: generated.digest.clone(),
             source: generated.source.clone(),
         });
     }
-    let toolchain = &options.toolchain;
-    for (path, file) in toolchain.inputs() {
-        let file = TreeFile {
-            digest: file.digest.clone(),
+    for (path, file) in &toolchain_inputs {
+        tree_entries.push(TreeEntry {
+            path,
+            digest: &file.digest,
             executable: file.executable,
-        };
-        tree_entries.push((layout.in_working_directory(&path), file));
+        });
     }
     let tree = build_tree(tree_entries)?;
 

@@ -146,47 +146,51 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
 /// shard rewritten to those names, fixed names for everything else.
 ///
 /// The rewrite's digest is remembered in `memo` (a derived digest of the digest cache), keyed by
-/// everything the rewrite is a function of: the shard's bytes, the job's modules (path and digest,
-/// in job order) and [`REWRITE_VERSION`]. When it is known, the shard is not rewritten: its bytes
-/// are made only if the action must be uploaded (a cache miss), and checked against that digest.
+/// everything the rewrite is a function of: the shard's digest, the job's modules (path and
+/// digest, in job order) and [`REWRITE_VERSION`]. When it is known, the shard is not even read:
+/// its rewrite is made only if the action must be uploaded (a cache miss), and checked against
+/// that digest.
 pub fn canonical(
     job_file: &JobFile,
     job: &Job,
     digests: &FileDigests,
     memo: &DigestCache,
 ) -> Result<Layout, NotRemotable> {
-    let bytes = std::fs::read(job.index_shard())
-        .map_err(|e| unreadable(job.index_shard(), e.to_string()))?;
+    let not_hashed = |path: &Path| NotRemotable {
+        cause: "planning",
+        detail: format!("{} was not hashed", path.display()),
+    };
+    let shard_digest = &digests
+        .get(job.index_shard())
+        .ok_or_else(|| not_hashed(job.index_shard()))?
+        .digest;
     // The job's modules, each to be claimed by exactly one shard entry.
-    let modules: Vec<&Path> = std::iter::once(job.module())
+    let modules = &job.inputs[..];
+    let infos: Vec<&FileInfo> = std::iter::once(job.module())
         .chain(job.imports().iter().map(PathBuf::as_path))
-        .collect();
-    let infos: Vec<&FileInfo> = modules
-        .iter()
-        .map(|module| {
-            digests.get(module).ok_or_else(|| NotRemotable {
-                cause: "planning",
-                detail: format!("{} was not hashed", module.display()),
-            })
-        })
+        .map(|module| digests.get(module).ok_or_else(|| not_hashed(module)))
         .collect::<Result<_, _>>()?;
     let names = content_names(&infos);
     let hashes: Vec<Option<[u32; 5]>> = infos.iter().map(|info| info.module_hash).collect();
-    let key = rewrite_key(&bytes, &modules, &infos);
+    let key = rewrite_key(shard_digest, job, &infos);
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
-    for (name, module) in names.iter().zip(&modules) {
+    let module_paths =
+        std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path));
+    for (name, module) in names.iter().zip(module_paths) {
         layout.inputs.push((name.clone(), module.to_path_buf()));
     }
     layout.rename(job.module(), names[0].clone());
     let shard = match memo.derived(&key) {
         Some(digest) => {
-            let shard_path = job.index_shard().to_owned();
-            let modules: Vec<PathBuf> = modules.iter().map(|m| m.to_path_buf()).collect();
+            let inputs = job.inputs.clone();
             let expected = digest.clone();
             let make = move || {
-                let modules: Vec<&Path> = modules.iter().map(PathBuf::as_path).collect();
-                let rewritten = rewrite(&bytes, &shard_path, &modules, &hashes, &names)
+                let shard_path = &inputs[1];
+                let bytes = std::fs::read(shard_path).map_err(|e| {
+                    format!("cannot read the index shard {}: {e}", shard_path.display())
+                })?;
+                let rewritten = rewrite(&bytes, shard_path, &module_list(&inputs), &hashes, &names)
                     .map_err(|e| e.detail)?;
                 if digest::of_bytes(&rewritten) != expected {
                     return Err(format!(
@@ -204,7 +208,17 @@ pub fn canonical(
             }
         }
         None => {
-            let rewritten = rewrite(&bytes, job.index_shard(), &modules, &hashes, &names)?;
+            let shard_path = job.index_shard();
+            let bytes =
+                std::fs::read(shard_path).map_err(|e| unreadable(shard_path, e.to_string()))?;
+            // The key names the content that was hashed: what is rewritten must be that.
+            if digest::of_bytes(&bytes) != *shard_digest {
+                return Err(unreadable(
+                    shard_path,
+                    "it changed while the link ran".to_owned(),
+                ));
+            }
+            let rewritten = rewrite(&bytes, shard_path, &module_list(modules), &hashes, &names)?;
             let digest = digest::of_bytes(&rewritten);
             memo.remember_derived(key, digest.clone());
             Generated {
@@ -221,12 +235,21 @@ pub fn canonical(
     Ok(layout)
 }
 
+/// The modules of a job's `inputs` (the module, then its imports; not the index shard).
+fn module_list(inputs: &[PathBuf]) -> Vec<&Path> {
+    std::iter::once(&inputs[0])
+        .chain(&inputs[2..])
+        .map(PathBuf::as_path)
+        .collect()
+}
+
 /// Names the shard rewrite's output differently whenever the rewrite changes what it makes for the
 /// same inputs, so that no remembered digest outlives the code that made it.
 const REWRITE_VERSION: &str = "dtlto-reapi shard rewrite 1";
 
-/// The memo key of a shard rewrite: a SHA-256 of its version, the shard and the job's modules.
-fn rewrite_key(shard: &[u8], modules: &[&Path], infos: &[&FileInfo]) -> String {
+/// The memo key of a shard rewrite: a SHA-256 of its version, the shard's digest and the job's
+/// modules (path and digest, `infos` in the order of `job`'s module and imports).
+fn rewrite_key(shard: &Digest, job: &Job, infos: &[&FileInfo]) -> String {
     use sha2::Digest as _;
     let mut hasher = sha2::Sha256::new();
     let mut field = |bytes: &[u8]| {
@@ -234,8 +257,11 @@ fn rewrite_key(shard: &[u8], modules: &[&Path], infos: &[&FileInfo]) -> String {
         hasher.update(bytes);
     };
     field(REWRITE_VERSION.as_bytes());
-    field(shard);
-    for (module, info) in modules.iter().zip(infos) {
+    field(b"shard digest");
+    field(shard.hash.as_bytes());
+    field(&shard.size_bytes.to_le_bytes());
+    let modules = std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path));
+    for (module, info) in modules.zip(infos) {
         field(module.as_os_str().as_encoded_bytes());
         field(info.digest.hash.as_bytes());
         field(&info.digest.size_bytes.to_le_bytes());
@@ -417,9 +443,9 @@ mod tests {
             common_inputs: common.iter().map(PathBuf::from).collect(),
             jobs: vec![Job {
                 index: 0,
-                args: vec![],
+                args: vec![].into(),
                 inputs: inputs.iter().map(PathBuf::from).collect(),
-                outputs: vec!["out/t1.1.77.native.o".into()],
+                outputs: vec!["out/t1.1.77.native.o".into()].into(),
             }],
         }
     }
@@ -526,9 +552,9 @@ mod tests {
             common_inputs: vec![],
             jobs: vec![Job {
                 index: 0,
-                args,
-                inputs,
-                outputs: vec![output],
+                args: args.into(),
+                inputs: inputs.into(),
+                outputs: vec![output].into(),
             }],
         };
         let job = &file.jobs[0];
@@ -600,14 +626,14 @@ mod tests {
         assert_eq!(&deferred.make(&made.digest).unwrap(), bytes);
 
         // A digest remembered wrongly is caught when the bytes are made, never uploaded.
-        let shard = std::fs::read(job.index_shard()).unwrap();
-        let modules: Vec<&Path> = std::iter::once(job.module())
-            .chain(job.imports().iter().map(PathBuf::as_path))
+        let shard = &digests.get(job.index_shard()).unwrap().digest;
+        let infos: Vec<&FileInfo> = module_list(&job.inputs)
+            .into_iter()
+            .map(|m| digests.get(m).unwrap())
             .collect();
-        let infos: Vec<&FileInfo> = modules.iter().map(|m| digests.get(m).unwrap()).collect();
         let wrong = DigestCache::open(None);
         let other = digest::of_bytes(b"something else");
-        wrong.remember_derived(rewrite_key(&shard, &modules, &infos), other.clone());
+        wrong.remember_derived(rewrite_key(shard, job, &infos), other.clone());
         let layout = canonical(&file, job, &digests, &wrong).unwrap();
         let BlobSource::Deferred(deferred) = &layout.generated[0].source else {
             panic!("not deferred");
@@ -685,14 +711,15 @@ mod tests {
             let file = job_file(&inputs, &common);
             let cwd = if cwd.is_empty() { "/".to_owned() } else { cwd };
             if let Ok(layout) = mirror(&file, &file.jobs[0], Path::new(&cwd)) {
-                let entries = layout.inputs.iter().map(|(path, _)| {
-                    let file = super::super::merkle::TreeFile {
-                        digest: crate::reapi::digest::of_bytes(path.as_bytes()),
-                        executable: false,
-                    };
-                    (path.clone(), file)
+                let digests: Vec<_> = layout
+                    .inputs
+                    .iter()
+                    .map(|(path, _)| crate::reapi::digest::of_bytes(path.as_bytes()))
+                    .collect();
+                let entries = layout.inputs.iter().zip(&digests).map(|((path, _), digest)| {
+                    super::super::merkle::TreeEntry { path, digest, executable: false }
                 });
-                let _ = super::super::merkle::build_tree(entries);
+                let _ = super::super::merkle::build_tree(entries.collect());
             }
         }
     }

@@ -270,7 +270,7 @@ fn with_named_files(job_file: Arc<JobFile>, cwd: &Path) -> (Arc<JobFile>, Option
         let mut files = job_file
             .common_inputs
             .iter()
-            .chain(jobs.flat_map(|j| j.inputs.iter().chain(&j.outputs)));
+            .chain(jobs.flat_map(|j| j.inputs.iter().chain(j.outputs.iter())));
         files.any(|file| file.as_os_str() == path)
     };
     match args::named_files(&job_file.common_args[1..], cwd, listed) {
