@@ -378,11 +378,12 @@ async fn plan_probe(
         .plan_command(&["--version".to_owned()])
         .map_err(|e| Failure::new(e.detail, "fix the compiler's shared arguments"))?;
     let toolchain = planner.toolchain();
-    let mut blobs = assembled.blobs;
+    let action = assembled.action_digest.clone();
+    let mut blobs = assembled.into_blobs();
     blobs.extend(planner.toolchain_blobs().iter().cloned());
     Ok(Probe {
         shown,
-        action: assembled.action_digest,
+        action,
         blobs,
         uploaded: (toolchain.identity.mode == ToolchainMode::Upload).then(|| toolchain.clone()),
         why_not_uploaded: planner.toolchain_warning().map(str::to_owned),

@@ -30,7 +30,11 @@ pub struct InputPart {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileInfo {
+    /// The file's path as the job file names it (shared by every Action that has the file).
+    pub local: Arc<Path>,
     pub digest: Digest,
+    /// Its name in a canonical input root, `<hash>.o`, made once per link.
+    pub content_name: Arc<str>,
     pub executable: bool,
     /// The LLVM module hash, when the file is bitcode that records one.
     pub module_hash: Option<[u32; 5]>,
@@ -70,7 +74,7 @@ impl HashingStats {
 /// looked up ~100 times per job with many imports, and hashing a `Path` walks its components).
 #[derive(Debug, Default)]
 pub struct FileDigests {
-    files: HashMap<OsString, FileInfo>,
+    files: HashMap<OsString, Arc<FileInfo>>,
     stats: HashingStats,
 }
 
@@ -103,7 +107,7 @@ impl FileDigests {
                             Ok((info, from_cache)) => {
                                 if let Ok(mut known) = known.lock() {
                                     known.1.count(digest::size(&info.digest), from_cache);
-                                    known.0.insert(path.as_os_str().to_owned(), info);
+                                    known.0.insert(path.as_os_str().to_owned(), Arc::new(info));
                                 }
                             }
                             Err(e) => {
@@ -125,7 +129,7 @@ impl FileDigests {
     }
 
     /// The digest of a file given to [`FileDigests::compute`].
-    pub fn get(&self, path: &Path) -> Option<&FileInfo> {
+    pub fn get(&self, path: &Path) -> Option<&Arc<FileInfo>> {
         self.files.get(path.as_os_str())
     }
 
@@ -160,6 +164,8 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
         digest: digest::display(&known.remembered.digest).to_string(),
     });
     let info = FileInfo {
+        local: path.into(),
+        content_name: format!("{}.o", known.remembered.digest.hash).into(),
         digest: known.remembered.digest,
         executable: crate::platform::executable_bit(&known.meta),
         module_hash: known.remembered.module_hash,

@@ -36,8 +36,9 @@ pub struct Layout {
     pub kind: LayoutKind,
     /// The working directory's path inside the input root (`""` for the root itself).
     pub working_directory: String,
-    /// `(path inside the input root, local file)` for every input taken as it is.
-    pub inputs: Vec<(String, PathBuf)>,
+    /// `(path inside the input root, local file)` for every input taken as it is (shared: a
+    /// canonical layout takes both from the link's [`FileInfo`]s).
+    pub inputs: Vec<(Arc<str>, Arc<Path>)>,
     /// Inputs the layout produced (a rewritten shard).
     pub generated: Vec<Generated>,
     /// Argument renames: a path as the job file writes it → the path relative to the action's working
@@ -127,10 +128,10 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
     for (path, absolute) in &mirrored {
         layout
             .inputs
-            .push((relative_to_root(absolute), path.to_path_buf()));
+            .push((relative_to_root(absolute).into(), (*path).into()));
     }
     let shard = layout.in_working_directory(SHARD_NAME);
-    layout.inputs.push((shard, job.index_shard().to_owned()));
+    layout.inputs.push((shard.into(), job.index_shard().into()));
     layout.rename(job.index_shard(), SHARD_NAME.to_owned());
     let absolute_common = job_file
         .common_inputs
@@ -166,21 +167,22 @@ pub fn canonical(
         .digest;
     // The job's modules, each to be claimed by exactly one shard entry.
     let modules = &job.inputs[..];
-    let infos: Vec<&FileInfo> = std::iter::once(job.module())
-        .chain(job.imports().iter().map(PathBuf::as_path))
-        .map(|module| digests.get(module).ok_or_else(|| not_hashed(module)))
-        .collect::<Result<_, _>>()?;
+    let mut infos: Vec<&FileInfo> = Vec::with_capacity(modules.len() - 1);
+    for module in std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path)) {
+        infos.push(digests.get(module).ok_or_else(|| not_hashed(module))?);
+    }
     let names = content_names(&infos);
     let hashes: Vec<Option<[u32; 5]>> = infos.iter().map(|info| info.module_hash).collect();
     let key = rewrite_key(shard_digest, job, &infos);
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
-    let module_paths =
-        std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path));
-    for (name, module) in names.iter().zip(module_paths) {
-        layout.inputs.push((name.clone(), module.to_path_buf()));
+    layout
+        .inputs
+        .reserve(infos.len() + job_file.common_inputs.len());
+    for (name, info) in names.iter().zip(&infos) {
+        layout.inputs.push((name.clone(), info.local.clone()));
     }
-    layout.rename(job.module(), names[0].clone());
+    layout.rename(job.module(), names[0].to_string());
     let shard = match memo.derived(&key) {
         Some(digest) => {
             let inputs = job.inputs.clone();
@@ -279,18 +281,20 @@ fn unreadable(shard: &Path, what: String) -> NotRemotable {
 /// Content-derived names; identical files at different paths get a suffix. The job's own module
 /// is named first, so it always gets the plain name; which of its identical twins gets which
 /// suffix cannot matter, as they have the same content.
-fn content_names(infos: &[&FileInfo]) -> Vec<String> {
-    let mut names = Vec::with_capacity(infos.len());
-    let mut used: HashMap<&str, usize> = HashMap::with_capacity(infos.len());
-    for info in infos {
-        let hash = info.digest.hash.as_str();
-        let seen = used.entry(hash).or_insert(0);
-        names.push(if *seen == 0 {
-            format!("{hash}.o")
+fn content_names(infos: &[&FileInfo]) -> Vec<Arc<str>> {
+    let mut names: Vec<Arc<str>> = infos.iter().map(|info| info.content_name.clone()).collect();
+    // Twins are rare: find them by sorting by content, in job order among equals.
+    let hash = |i: usize| infos[i].digest.hash.as_str();
+    let mut order: Vec<usize> = (0..infos.len()).collect();
+    order.sort_unstable_by(|&a, &b| (hash(a), a).cmp(&(hash(b), b)));
+    let mut twin = 0;
+    for pair in order.windows(2) {
+        if hash(pair[0]) == hash(pair[1]) {
+            twin += 1;
+            names[pair[1]] = format!("{}-{twin}.o", hash(pair[1])).into();
         } else {
-            format!("{hash}-{seen}.o")
-        });
-        *seen += 1;
+            twin = 0;
+        }
     }
     names
 }
@@ -302,7 +306,7 @@ fn rewrite(
     shard_path: &Path,
     modules: &[&Path],
     hashes: &[Option<[u32; 5]>],
-    names: &[String],
+    names: &[Arc<str>],
 ) -> Result<Vec<u8>, NotRemotable> {
     let unreadable = |what: String| unreadable(shard_path, what);
     // Read once, for matching and for the rewrite.
@@ -352,7 +356,7 @@ fn rewrite(
     shard
         .canonicalize(|_| {
             next.next()
-                .map(|&i| names[i].clone().into_bytes())
+                .map(|&i| names[i].as_bytes().to_vec())
                 .unwrap_or_default()
         })
         .map_err(|e| unreadable(e.to_string()))
@@ -401,8 +405,10 @@ impl Layout {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let name = format!("{RESERVED_DIR}/common-{i}/{file_name}");
-            self.inputs
-                .push((self.in_working_directory(&name), path.clone()));
+            self.inputs.push((
+                self.in_working_directory(&name).into(),
+                path.as_path().into(),
+            ));
             self.rename(path, name);
         }
     }
@@ -458,7 +464,7 @@ mod tests {
         );
         let layout = mirror(&file, &file.jobs[0], Path::new("/home/u/proj/build")).unwrap();
         assert_eq!(layout.working_directory, "build");
-        let inputs: Vec<&str> = layout.inputs.iter().map(|(p, _)| p.as_str()).collect();
+        let inputs: Vec<&str> = layout.inputs.iter().map(|(p, _)| &**p).collect();
         assert_eq!(
             inputs,
             [
@@ -589,7 +595,11 @@ mod tests {
         .0;
         assert_eq!(first.kind, LayoutKind::Canonical);
         let names = |layout: &Layout| -> Vec<String> {
-            layout.inputs.iter().map(|(name, _)| name.clone()).collect()
+            layout
+                .inputs
+                .iter()
+                .map(|(name, _)| name.to_string())
+                .collect()
         };
         assert_eq!(names(&first), names(&second));
         assert_eq!(first.generated[0].digest, second.generated[0].digest);
@@ -599,6 +609,51 @@ mod tests {
                 .all(|n| n.len() == 66 && n.ends_with(".o")),
             "{:?}",
             names(&first)
+        );
+    }
+
+    #[test]
+    fn identical_modules_get_numbered_names_in_job_order() {
+        let info = |content: &[u8], path: &str| {
+            let digest = digest::of_bytes(content);
+            FileInfo {
+                local: Path::new(path).into(),
+                content_name: format!("{}.o", digest.hash).into(),
+                part: Arc::new(super::super::digests::InputPart {
+                    path: path.into(),
+                    digest: String::new(),
+                }),
+                digest,
+                executable: false,
+                module_hash: None,
+            }
+        };
+        let files = [
+            info(b"a", "m.o"),
+            info(b"b", "x.o"),
+            info(b"a", "y.o"),
+            info(b"c", "z.o"),
+            info(b"a", "w.o"),
+        ];
+        let infos: Vec<&FileInfo> = files.iter().collect();
+        let (a, b, c) = (
+            digest::of_bytes(b"a").hash,
+            digest::of_bytes(b"b").hash,
+            digest::of_bytes(b"c").hash,
+        );
+        let names: Vec<String> = content_names(&infos)
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                format!("{a}.o"),
+                format!("{b}.o"),
+                format!("{a}-1.o"),
+                format!("{c}.o"),
+                format!("{a}-2.o")
+            ]
         );
     }
 
@@ -629,7 +684,7 @@ mod tests {
         let shard = &digests.get(job.index_shard()).unwrap().digest;
         let infos: Vec<&FileInfo> = module_list(&job.inputs)
             .into_iter()
-            .map(|m| digests.get(m).unwrap())
+            .map(|m| &**digests.get(m).unwrap())
             .collect();
         let wrong = DigestCache::open(None);
         let other = digest::of_bytes(b"something else");
