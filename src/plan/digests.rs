@@ -35,6 +35,8 @@ pub struct FileInfo {
     pub digest: Digest,
     /// Its name in a canonical input root, `<hash>.o`, made once per link.
     pub content_name: Arc<str>,
+    /// Whether another input of the link (at another path) has the same content.
+    pub has_twin: bool,
     pub executable: bool,
     /// The LLVM module hash, when the file is bitcode that records one.
     pub module_hash: Option<[u32; 5]>,
@@ -124,7 +126,19 @@ impl FileDigests {
         if let Some(e) = first_error.into_inner().ok().flatten() {
             return Err(e);
         }
-        let (files, stats) = known.into_inner().unwrap_or_default();
+        let (mut files, stats): (HashMap<OsString, Arc<FileInfo>>, _) =
+            known.into_inner().unwrap_or_default();
+        let mut contents: HashMap<String, usize> = HashMap::with_capacity(files.len());
+        for info in files.values() {
+            *contents.entry(info.digest.hash.clone()).or_default() += 1;
+        }
+        for info in files.values_mut() {
+            if contents[&info.digest.hash] > 1
+                && let Some(info) = Arc::get_mut(info)
+            {
+                info.has_twin = true;
+            }
+        }
         Ok(FileDigests { files, stats })
     }
 
@@ -166,6 +180,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
     let info = FileInfo {
         local: path.into(),
         content_name: format!("{}.o", known.remembered.digest.hash).into(),
+        has_twin: false,
         digest: known.remembered.digest,
         executable: crate::platform::executable_bit(&known.meta),
         module_hash: known.remembered.module_hash,
@@ -193,6 +208,12 @@ mod tests {
         assert_eq!(digests.get(&a).unwrap().digest, digest::of_bytes(b"abc"));
         assert!(!digests.get(&a).unwrap().executable);
         assert!(digests.get(&b).unwrap().executable);
+        // Same content at two paths: twins, which canonical layouts name apart.
+        assert!(digests.get(&a).unwrap().has_twin && digests.get(&b).unwrap().has_twin);
+        let alone = dir.path().join("c.o");
+        std::fs::write(&alone, b"c").unwrap();
+        let digests = FileDigests::compute([a.as_path(), alone.as_path()], 2, &cache).unwrap();
+        assert!(!digests.get(&a).unwrap().has_twin && !digests.get(&alone).unwrap().has_twin);
         let missing = dir.path().join("gone.o");
         let err = FileDigests::compute([a.as_path(), missing.as_path()], 2, &cache).unwrap_err();
         assert!(err.contains("gone.o"), "{err}");

@@ -283,6 +283,9 @@ fn unreadable(shard: &Path, what: String) -> NotRemotable {
 /// suffix cannot matter, as they have the same content.
 fn content_names(infos: &[&FileInfo]) -> Vec<Arc<str>> {
     let mut names: Vec<Arc<str>> = infos.iter().map(|info| info.content_name.clone()).collect();
+    if !infos.iter().any(|info| info.has_twin) {
+        return names;
+    }
     // Twins are rare: find them by sorting by content, in job order among equals.
     let hash = |i: usize| infos[i].digest.hash.as_str();
     let mut order: Vec<usize> = (0..infos.len()).collect();
@@ -619,6 +622,7 @@ mod tests {
             FileInfo {
                 local: Path::new(path).into(),
                 content_name: format!("{}.o", digest.hash).into(),
+                has_twin: true,
                 part: Arc::new(super::super::digests::InputPart {
                     path: path.into(),
                     digest: String::new(),
