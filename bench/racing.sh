@@ -87,6 +87,8 @@ link() {
         local) ;;
         *) args+=(-Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy="$variant") ;;
     esac
+    # The previous link's writes (the server's files too) are flushed before this one is timed.
+    sync
     local start=$EPOCHREALTIME
     taskset -c "$link_cpus" "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
         "${args[@]}" "$@" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
