@@ -285,18 +285,13 @@ fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_fa
         "--fault-fail",
         "Execute=UNAVAILABLE:1000000",
     ];
-    let Switched {
-        stats,
-        reason,
-        local_jobs,
-        calls,
-        ..
-    } = link_to_switch(&faults, &["--remote-retries=0"]);
+    let switched = link_to_switch(&faults, &["--remote-retries=0"]);
+    let (reason, calls) = (&switched.reason, &switched.calls);
     assert!(reason.contains("failed 3 jobs in a row"), "{reason}");
-    assert!(local_jobs >= 9, "{stats}");
+    assert!(switched.local_jobs >= 9, "{}", switched.stats);
     // The cluster heard from the first three jobs at most, and nothing after the switch.
-    assert!(count(&calls, "GetActionResult") <= 3, "{calls}");
-    assert!(count(&calls, "Execute") <= 2, "{calls}");
+    assert!(count(calls, "GetActionResult") <= 3, "{calls}");
+    assert!(count(calls, "Execute") <= 2, "{calls}");
 }
 
 #[test]
@@ -304,18 +299,13 @@ fn when_the_cluster_keeps_losing_the_link_switches_to_local_mode_after_eight_rac
     // Every Execute held for ten minutes: the local side wins every race; after 2 x --jobs (at
     // least 8) wins in a row the rest of the link compiles locally without asking the cluster.
     let faults = ["--workers", "1", "--fault-slow", "Execute=600000"];
-    let Switched {
-        stats,
-        reason,
-        local_jobs,
-        calls,
-        ..
-    } = link_to_switch(&faults, &[]);
+    let switched = link_to_switch(&faults, &[]);
+    let (stats, reason, calls) = (&switched.stats, &switched.reason, &switched.calls);
     assert!(reason.contains("won 8 races in a row"), "{reason}");
-    assert_eq!(local_jobs, 4, "{stats}");
-    assert_eq!(winners(&stats).iter().filter(|w| *w == "local").count(), 8);
-    assert_eq!(count(&calls, "GetActionResult"), 8, "{calls}");
-    assert!(count(&calls, "Execute") <= 8, "{calls}");
+    assert_eq!(switched.local_jobs, 4, "{stats}");
+    assert_eq!(winners(stats).iter().filter(|w| *w == "local").count(), 8);
+    assert_eq!(count(calls, "GetActionResult"), 8, "{calls}");
+    assert!(count(calls, "Execute") <= 8, "{calls}");
 }
 
 #[test]
@@ -323,16 +313,12 @@ fn a_compiler_upload_the_local_side_outran_is_reported_with_the_way_to_finish_it
     // Every ByteStream write held (the compiler's is one; the small inputs go in batches): each
     // race's remote side waits on the compiler's upload until the local side wins.
     let faults = ["--fault-slow", "ByteStream.Write=600000"];
-    let Switched {
-        stats,
-        reason,
-        calls,
-        linked,
-        ..
-    } = link_to_switch(&faults, &[]);
+    let switched = link_to_switch(&faults, &[]);
+    let (stats, reason, calls) = (&switched.stats, &switched.reason, &switched.calls);
     assert!(reason.contains("won 8 races in a row"), "{reason}");
-    assert_eq!(count(&calls, "Execute"), 0, "{calls}");
+    assert_eq!(count(calls, "Execute"), 0, "{calls}");
     assert_eq!(stats.field("toolchain")["bytes_uploaded"], 0, "{stats}");
+    let linked = &switched.linked;
     linked.assert_stderr_contains(
         "the cluster lacks the compiler, and its upload did not finish before the link did",
     );
