@@ -363,7 +363,9 @@ impl RemoteExecutor {
         let mut result = local_action_result(outputs);
         result.stderr_digest = Some(stderr.digest.clone());
         blobs.push(stderr);
-        self.client.upload_missing(blobs, call).await?;
+        // Sent without asking FindMissingBlobs first: the objects were just compiled here, so the
+        // cluster almost never has them, and the question would cost a round trip per job.
+        self.client.upload(blobs, call).await?;
         self.client
             .update_action_result(&spec.action_digest, result, call)
             .await
