@@ -24,7 +24,8 @@
 # cluster does (measured: local compiles 40-60% slower during a race, as the server's actions cost
 # more than the local compiles they race). --jobs and the server's workers are each half the cores.
 # Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
-# remote, and where racing's jobs ended (won locally / won remotely / cache hits). Fails unless
+# remote, where racing's jobs ended (won locally / won remotely / cache hits), the distributor's own
+# CPU (`cpu_ms` of --stats-json: its compiles' not included), and every round's time. Fails unless
 # every program prints what the local one prints.
 #
 # Environment: MODULES (60), FUNCTIONS per module (16), JOBS (half the cores), RUNS (3), SLOW_MS (1500),
@@ -87,6 +88,8 @@ link() {
         local) ;;
         *) args+=(-Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy="$variant") ;;
     esac
+    # The previous link's writes (the server's files too) are flushed before this one is timed.
+    sync
     local start=$EPOCHREALTIME
     taskset -c "$link_cpus" "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" @inputs.rsp -o "$name" \
         "${args[@]}" "$@" >"$out/$name.log" 2>&1 || { cat "$out/$name.log" >&2; exit 1; }
@@ -94,10 +97,11 @@ link() {
     python3 - "$stats" "$scenario" "$label" "$(python3 -c "print($end - $start)")" >>"$out/times.tsv" <<'PY'
 import json, os, sys
 path, scenario, variant, wall = sys.argv[1:]
-jobs = json.load(open(path))["jobs"] if os.path.exists(path) else []
+stats = json.load(open(path)) if os.path.exists(path) else {}
+jobs = stats.get("jobs", [])
 won = lambda side: sum(1 for j in jobs if (j.get("race") or {}).get("winner") == side)
 hits = sum(1 for j in jobs if j["ran"] == "action-cache")
-print(scenario, variant, wall, len(jobs), won("local"), won("remote"), hits, sep="\t")
+print(scenario, variant, wall, len(jobs), won("local"), won("remote"), hits, stats.get("cpu_ms", 0), sep="\t")
 PY
     if [[ $variant == local ]]; then
         cp "$name" "$scenario.expected"
@@ -171,14 +175,17 @@ python3 - "$out/times.tsv" <<'PY'
 import collections, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    scenario, variant, wall, jobs, won_local, won_remote, hits = line.split("\t")
+    scenario, variant, wall, jobs, won_local, won_remote, hits, cpu_ms = line.split("\t")
     if variant != "warmup":
-        rows[(scenario, variant)].append((float(wall), int(jobs), int(won_local), int(won_remote), int(hits)))
-print(f"{'scenario':<9}{'variant':<8}{'link s':>8}{'jobs':>6}{'/ faster of local, remote':>27}{'races won local/remote':>24}{'cache hits':>12}")
+        rows[(scenario, variant)].append((float(wall), int(jobs), int(won_local), int(won_remote), int(hits), int(cpu_ms)))
+print(f"{'scenario':<9}{'variant':<8}{'link s':>8}{'jobs':>6}{'/ faster of local, remote':>27}{'races won local/remote':>24}{'cache hits':>12}{'own CPU ms':>12}")
 for scenario in dict.fromkeys(s for s, _ in rows):
     best = {v: min(rows[(scenario, v)]) for v in ("local", "remote", "racing") if (scenario, v) in rows}
     faster = min(best[v][0] for v in ("local", "remote") if v in best)
-    for variant, (wall, jobs, won_local, won_remote, hits) in best.items():
+    for variant, (wall, jobs, won_local, won_remote, hits, cpu_ms) in best.items():
         races = f"{won_local}/{won_remote}" if variant == "racing" else "-"
-        print(f"{scenario:<9}{variant:<8}{wall:>8.2f}{jobs:>6}{wall / faster:>27.3f}{races:>24}{hits:>12}")
+        print(f"{scenario:<9}{variant:<8}{wall:>8.2f}{jobs:>6}{wall / faster:>27.3f}{races:>24}{hits:>12}{cpu_ms:>12}")
+print("rounds (link s, in order):")
+for (scenario, variant), runs in rows.items():
+    print(f"  {scenario:<9}{variant:<8}" + " ".join(f"{r[0]:.2f}" for r in runs))
 PY

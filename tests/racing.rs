@@ -230,10 +230,7 @@ fn switch(stats: &Stats, linked: &Linked) -> (String, usize) {
 /// cluster sees after the switch shows), against a server started with `faults` that hides the
 /// project: the link must succeed, run correctly and compile every job locally. Returns its stats,
 /// the switch's reason and local jobs, and the calls the server received.
-fn link_to_switch(
-    faults: &[&str],
-    distributor_args: &[&str],
-) -> (Stats, String, usize, serde_json::Value) {
+fn link_to_switch(faults: &[&str], distributor_args: &[&str]) -> Switched {
     let (project, expected) = chain_project(11);
     let hide = project.dir().display().to_string();
     let served = tempfile::tempdir().unwrap();
@@ -259,7 +256,23 @@ fn link_to_switch(
     assert_eq!(stats.ran(), ran_only("local", 12), "{stats}");
     let (reason, local_jobs) = switch(&stats, &linked);
     let calls = calls_received(server, &served_stats);
-    (stats, reason, local_jobs, calls)
+    Switched {
+        stats,
+        reason,
+        local_jobs,
+        calls,
+        linked,
+    }
+}
+
+/// What [`link_to_switch`] saw: the link's stats, the switch's reason and the jobs compiled locally
+/// after it, the calls the server received per RPC, and the link itself.
+struct Switched {
+    stats: Stats,
+    reason: String,
+    local_jobs: usize,
+    calls: serde_json::Value,
+    linked: Linked,
 }
 
 #[test]
@@ -272,12 +285,13 @@ fn when_the_cluster_keeps_failing_the_link_switches_to_local_mode_after_three_fa
         "--fault-fail",
         "Execute=UNAVAILABLE:1000000",
     ];
-    let (stats, reason, local_jobs, calls) = link_to_switch(&faults, &["--remote-retries=0"]);
+    let switched = link_to_switch(&faults, &["--remote-retries=0"]);
+    let (reason, calls) = (&switched.reason, &switched.calls);
     assert!(reason.contains("failed 3 jobs in a row"), "{reason}");
-    assert!(local_jobs >= 9, "{stats}");
+    assert!(switched.local_jobs >= 9, "{}", switched.stats);
     // The cluster heard from the first three jobs at most, and nothing after the switch.
-    assert!(count(&calls, "GetActionResult") <= 3, "{calls}");
-    assert!(count(&calls, "Execute") <= 2, "{calls}");
+    assert!(count(calls, "GetActionResult") <= 3, "{calls}");
+    assert!(count(calls, "Execute") <= 2, "{calls}");
 }
 
 #[test]
@@ -285,10 +299,28 @@ fn when_the_cluster_keeps_losing_the_link_switches_to_local_mode_after_eight_rac
     // Every Execute held for ten minutes: the local side wins every race; after 2 x --jobs (at
     // least 8) wins in a row the rest of the link compiles locally without asking the cluster.
     let faults = ["--workers", "1", "--fault-slow", "Execute=600000"];
-    let (stats, reason, local_jobs, calls) = link_to_switch(&faults, &[]);
+    let switched = link_to_switch(&faults, &[]);
+    let (stats, reason, calls) = (&switched.stats, &switched.reason, &switched.calls);
     assert!(reason.contains("won 8 races in a row"), "{reason}");
-    assert_eq!(local_jobs, 4, "{stats}");
-    assert_eq!(winners(&stats).iter().filter(|w| *w == "local").count(), 8);
-    assert_eq!(count(&calls, "GetActionResult"), 8, "{calls}");
-    assert!(count(&calls, "Execute") <= 8, "{calls}");
+    assert_eq!(switched.local_jobs, 4, "{stats}");
+    assert_eq!(winners(stats).iter().filter(|w| *w == "local").count(), 8);
+    assert_eq!(count(calls, "GetActionResult"), 8, "{calls}");
+    assert!(count(calls, "Execute") <= 8, "{calls}");
+}
+
+#[test]
+fn a_compiler_upload_the_local_side_outran_is_reported_with_the_way_to_finish_it() {
+    // Every ByteStream write held (the compiler's is one; the small inputs go in batches): each
+    // race's remote side waits on the compiler's upload until the local side wins.
+    let faults = ["--fault-slow", "ByteStream.Write=600000"];
+    let switched = link_to_switch(&faults, &[]);
+    let (stats, reason, calls) = (&switched.stats, &switched.reason, &switched.calls);
+    assert!(reason.contains("won 8 races in a row"), "{reason}");
+    assert_eq!(count(calls, "Execute"), 0, "{calls}");
+    assert_eq!(stats.field("toolchain")["bytes_uploaded"], 0, "{stats}");
+    let linked = &switched.linked;
+    linked.assert_stderr_contains(
+        "the cluster lacks the compiler, and its upload did not finish before the link did",
+    );
+    linked.assert_stderr_contains("`dtlto-reapi check --compiler=");
 }

@@ -116,14 +116,22 @@ pub(crate) fn local_action_result(outputs: Vec<(String, Digest)>) -> ActionResul
             .collect(),
         exit_code: 0,
         execution_metadata: Some(ExecutedActionMetadata {
-            worker: format!(
-                "dtlto-reapi local compile ({})",
-                crate::platform::hostname()
-            ),
+            worker: local_worker_name().to_owned(),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// The worker field of a local result: this machine's name, read once per run.
+fn local_worker_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        format!(
+            "dtlto-reapi local compile ({})",
+            crate::platform::hostname()
+        )
+    })
 }
 
 /// How to start the reaper of local compiles: on Unix only (on Windows, each compile's Job Object

@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -49,6 +49,8 @@ pub struct RemoteExecutor {
     /// Bytes and blobs of the toolchain this link uploaded.
     toolchain_bytes: AtomicU64,
     toolchain_blobs: AtomicU64,
+    /// Set when the cluster was found to lack toolchain files this link then began to upload.
+    toolchain_missing: AtomicBool,
 }
 
 /// What the link uploaded of the toolchain.
@@ -133,12 +135,19 @@ impl RemoteExecutor {
             toolchain_present: tokio::sync::OnceCell::new(),
             toolchain_bytes: AtomicU64::new(0),
             toolchain_blobs: AtomicU64::new(0),
+            toolchain_missing: AtomicBool::new(false),
         })
     }
 
     /// Whether Actions must use the pre-2.1 `output_files` field for this server.
     pub fn legacy_output_files(&self) -> bool {
         !self.client.capabilities().supports_output_paths()
+    }
+
+    /// Whether the link began to upload the toolchain and ended before the upload did (racing,
+    /// when the local side won every race whose remote side waited on it).
+    pub fn toolchain_upload_unfinished(&self) -> bool {
+        self.toolchain_missing.load(Ordering::Relaxed) && !self.toolchain_present.initialized()
     }
 
     /// What this link uploaded of the toolchain.
@@ -354,7 +363,9 @@ impl RemoteExecutor {
         let mut result = local_action_result(outputs);
         result.stderr_digest = Some(stderr.digest.clone());
         blobs.push(stderr);
-        self.client.upload_missing(blobs, call).await?;
+        // Sent without asking FindMissingBlobs first: the objects were just compiled here, so the
+        // cluster almost never has them, and the question would cost a round trip per job.
+        self.client.upload(blobs, call).await?;
         self.client
             .update_action_result(&spec.action_digest, result, call)
             .await
@@ -504,6 +515,9 @@ impl RemoteExecutor {
                 .cloned()
                 .collect();
             let bytes: u64 = missing.iter().map(reapi::digest::size).sum();
+            if !missing.is_empty() {
+                self.toolchain_missing.store(true, Ordering::Relaxed);
+            }
             self.client.upload(blobs, call).await?;
             self.toolchain_bytes.fetch_add(bytes, Ordering::Relaxed);
             let count = u64::try_from(missing.len()).unwrap_or(u64::MAX);

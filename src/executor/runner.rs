@@ -198,6 +198,18 @@ impl Runner {
         }
         if let Some(remote) = &self.remote {
             remote.client().settle_cancellations().await;
+            if let Some(planner) = &self.planner
+                && remote.toolchain_upload_unfinished()
+            {
+                let text = format!(
+                    "the cluster lacks the compiler, and its upload did not finish before the \
+                     link did (local compiles won the races): each link pays for it again until \
+                     one finishes it; `dtlto-reapi check --compiler={}` with this link's remote \
+                     settings uploads it once",
+                    planner.toolchain().compiler.display()
+                );
+                ctx.reporter.warn_once("toolchain-upload-unfinished", &text);
+            }
         }
         if let Some(disk) = &self.disk {
             disk.trim(ctx).await;
