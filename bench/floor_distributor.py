@@ -2,8 +2,10 @@
 """The floor of the DTLTO path, as bench/scaling.sh's baseline: a distributor that compiles nothing
 and only copies ready objects into place. With FLOOR_STORE=DIR and FLOOR_RECORD=1 it runs every
 job (like bench/minimal_distributor.py, --jobs=N at once) and keeps each object in DIR under its
-module's path; without FLOOR_RECORD it copies DIR's object of each job's module to the job's
-output. lld still writes the job file and the index shards and links the objects: what is left is
+module's path; with FLOOR_DELEGATE=COMMAND as well, COMMAND (another distributor, given this one's
+arguments) runs the jobs instead and their objects are kept, so that one cold link fills both
+(bench/scaling.sh's largest sizes compile everything once, not twice); without FLOOR_RECORD it
+copies DIR's object of each job's module to the job's output. lld still writes the job file and the index shards and links the objects: what is left is
 what any distributor pays. No checks, no stats."""
 import json, os, shutil, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,13 @@ def run(job):
 
 
 os.makedirs(store, exist_ok=True)
+delegate = os.environ.get("FLOOR_DELEGATE")
+if record and delegate:
+    code = subprocess.run([delegate, *sys.argv[1:]]).returncode
+    if code == 0:
+        for job in spec["jobs"]:
+            shutil.copyfile(job["outputs"][0], kept(job))
+    sys.exit(code)
 if not record:
     # One thread: copies are system calls, and a pool only adds contention for the interpreter.
     sys.exit(max(map(run, spec["jobs"]), default=0))

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    shape, modules, name, seconds, _, per_job, _ = line.split()
+    shape, modules, name, seconds, _, per_job, *_ = line.split()
     rows[(int(shape), name)].append((int(modules), float(seconds), per_job))
 
 fig, (cost, wall) = plt.subplots(1, 2, figsize=(11, 4.5))

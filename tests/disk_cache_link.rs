@@ -205,8 +205,9 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
         let shard_bytes = total_size(&project, shards.iter().map(Path::new));
         (linked, shards.len() as u64, shard_bytes)
     };
-    // A damaged digest cache is an empty one, and is replaced.
-    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v2");
+    // A damaged digest cache (in another format version's words) is an empty one, and is replaced
+    // (damaged lines under this version's header are skipped: the unit tests).
+    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v3");
     common::write(
         &digest_cache,
         b"dtlto-reapi digest cache v2\n1 2 3 \xff\n\x00 truncated",

@@ -15,10 +15,20 @@
 //! another user or can be written by group or others, it is neither read nor written (another user
 //! could make it name wrong contents for files), and [`DigestCache::untrusted`] says why, once.
 //!
-//! The map is one text file. Links running at once each load it, add what they hashed and write it
-//! back whole (merged with what is on disk by then) under a temporary name renamed into place, so a
-//! reader never sees a torn file; a concurrent writer's entries may be lost, which only costs a hash.
+//! The map is one text file of lines, each carrying a checksum of itself. A link loads it whole and
+//! *appends* what it added (one `write` of its new lines, in append mode), so a relink that hashed
+//! nothing writes nothing, and one that hashed a few files writes a few lines, however big the cache.
+//! A later line for the same file version supersedes an earlier one. Lines that are torn (a link
+//! killed while writing, a full disk) or interleaved (appends over NFS) fail their checksum and are
+//! skipped: they only cost a hash. When the file holds more than twice the lines it would need, or
+//! more entries than are kept, a link *compacts* it instead: merged with what is on disk by then,
+//! trimmed, written whole under a temporary name and renamed into place, so a reader never sees a
+//! half-written file; a concurrent link's appends may then be lost, which only costs a hash.
 //! Each entry records when a link last used it (to the day), so trimming keeps the ones in use.
+//!
+//! lld's index shards (`*.thinlto.bc`) are never remembered: lld writes them under new names on
+//! every link, so no later link could look them up, and at 50,000 modules they would be half the
+//! file and, by being newer, push the link's objects out of it.
 //!
 //! Besides files, the cache remembers *derived* digests: the digest of content this program makes
 //! from other content (a rewritten index shard), keyed by a hash of everything that content is a
@@ -53,8 +63,18 @@ const MAX_DERIVED: usize = 100_000;
 const DERIVED: &str = "derived";
 
 /// The first line of the file, naming its format. v1 (in `file-digests`) had no module hash nor
-/// last use: such a file reads as an empty cache.
-const HEADER: &str = "dtlto-reapi digest cache v2";
+/// last use, v2 (in `file-digests-v2`) no checksums and was rewritten whole: such a file reads as an
+/// empty cache.
+const HEADER: &str = "dtlto-reapi digest cache v3";
+
+/// Hex digits of each line's checksum (the start of a SHA-256 of the rest of the line).
+const CHECKSUM_DIGITS: usize = 16;
+
+/// Lines the file may hold beyond twice its entries before a save compacts it.
+const COMPACT_SLACK: usize = 1024;
+
+/// The end of the names lld gives index shards, which are new on every link.
+const INDEX_SHARD_SUFFIX: &[u8] = b".thinlto.bc";
 
 /// What identifies one version of a file on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -89,7 +109,7 @@ impl FileKey {
     }
 
     /// `device inode size mtime ctime last-used hash size module-hash path`, the module hash being
-    /// 40 hex digits or `-`; the path last, since it may hold spaces.
+    /// 40 hex digits or `-`; the path last, since it may hold spaces. Without the checksum.
     fn to_line(&self, entry: &Entry) -> Option<Vec<u8>> {
         let path = self.path.as_os_str().as_encoded_bytes();
         if path.contains(&b'\n') {
@@ -113,7 +133,6 @@ impl FileKey {
         )
         .into_bytes();
         line.extend_from_slice(path);
-        line.push(b'\n');
         Some(line)
     }
 
@@ -142,12 +161,29 @@ impl FileKey {
             digest,
             module_hash,
         };
-        let entry = Entry {
-            remembered,
-            last_used,
-        };
-        valid.then_some((key, entry))
+        valid.then_some((key, Entry::saved(remembered, last_used)))
     }
+}
+
+/// `line` with its checksum in front and a newline after.
+fn checked(line: &[u8]) -> Vec<u8> {
+    let mut checked = checksum(line).into_bytes();
+    checked.push(b' ');
+    checked.extend_from_slice(line);
+    checked.push(b'\n');
+    checked
+}
+
+/// The line after its checksum, if the checksum is right.
+fn verified(line: &[u8]) -> Option<&[u8]> {
+    let (sum, rest) = (line.get(..CHECKSUM_DIGITS)?, line.get(CHECKSUM_DIGITS..)?);
+    let rest = rest.strip_prefix(b" ")?;
+    (checksum(rest).as_bytes() == sum).then_some(rest)
+}
+
+fn checksum(line: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(line)[..CHECKSUM_DIGITS / 2])
 }
 
 /// `-` (none: Some(None)) or 40 hex digits; None when malformed.
@@ -171,6 +207,37 @@ struct Entry {
     /// When a link last looked it up or inserted it, in seconds since the epoch (to within
     /// [`USE_RESOLUTION_SECS`]): trimming keeps the most recently used.
     last_used: u64,
+    /// The file holds the entry as it is: a save need not write it.
+    saved: bool,
+}
+
+impl Entry {
+    fn saved(remembered: Remembered, last_used: u64) -> Entry {
+        Entry {
+            remembered,
+            last_used,
+            saved: true,
+        }
+    }
+
+    fn new(remembered: Remembered, last_used: u64) -> Entry {
+        Entry {
+            remembered,
+            last_used,
+            saved: false,
+        }
+    }
+
+    /// Records a use now, when the last recorded one is older than [`USE_RESOLUTION_SECS`];
+    /// whether it did (the entry must then be saved again).
+    fn used(&mut self, now: u64) -> bool {
+        let stale = self.last_used + USE_RESOLUTION_SECS <= now;
+        if stale {
+            self.last_used = now;
+            self.saved = false;
+        }
+        stale
+    }
 }
 
 /// How [`DigestCache::get_or_read`] knew a file.
@@ -192,6 +259,9 @@ pub struct DigestCache {
     entries: Mutex<HashMap<FileKey, Entry>>,
     /// Derived digests by the hex hash of what they derive from.
     derived: Mutex<HashMap<String, Entry>>,
+    /// Lines in the file as this process last read or wrote it; None when it has no lines of this
+    /// format (missing, foreign or older), so the next save writes it whole.
+    lines: Mutex<Option<usize>>,
     /// Something was inserted or its use recorded since loading: [`DigestCache::save`] has work.
     changed: AtomicBool,
     /// This process's clock, in seconds since the epoch, for `last_used`.
@@ -203,11 +273,11 @@ pub struct DigestCache {
 }
 
 impl DigestCache {
-    /// `<user cache dir>/dtlto-reapi/file-digests-v2`: named after the format, so that a version of
+    /// `<user cache dir>/dtlto-reapi/file-digests-v3`: named after the format, so that a version of
     /// dtlto-reapi that knows another format, running on the same machine (during an upgrade),
     /// does not replace this one's file with its own at every link.
     pub fn default_file() -> Option<PathBuf> {
-        dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests-v2"))
+        dirs::cache_dir().map(|d| d.join("dtlto-reapi").join("file-digests-v3"))
     }
 
     /// Loads the cache kept in `file`; a missing, unreadable or foreign-format file is an empty
@@ -216,7 +286,11 @@ impl DigestCache {
     pub fn open(file: Option<PathBuf>) -> DigestCache {
         let untrusted = file.as_deref().and_then(untrusted);
         let file = file.filter(|_| untrusted.is_none());
-        let (entries, derived) = file
+        let Parsed {
+            entries,
+            derived,
+            lines,
+        } = file
             .as_ref()
             .and_then(|file| std::fs::read(file).ok())
             .map(|bytes| parse(&bytes))
@@ -228,6 +302,7 @@ impl DigestCache {
             file,
             entries: Mutex::new(entries),
             derived: Mutex::new(derived),
+            lines: Mutex::new(lines),
             changed: AtomicBool::new(false),
             now,
             untrusted,
@@ -288,8 +363,7 @@ impl DigestCache {
     fn lookup(&self, path: &Path, stamped: &(Stamp, Metadata)) -> Option<Remembered> {
         let mut entries = self.entries.lock().ok()?;
         let entry = entries.get_mut(&FileKey::new(path, stamped))?;
-        if entry.last_used + USE_RESOLUTION_SECS <= self.now {
-            entry.last_used = self.now;
+        if entry.used(self.now) {
             self.changed.store(true, Ordering::Relaxed);
         }
         Some(entry.remembered.clone())
@@ -297,7 +371,7 @@ impl DigestCache {
 
     /// What `path` holds: remembered (one `stat`), or found by `read` through one open handle
     /// (given the metadata of that `stat`) and remembered when the file did not change while it
-    /// was read, nor within [`RACY_WINDOW`] before.
+    /// was read, nor within [`RACY_WINDOW`] before, and is not an index shard.
     pub fn get_or_read(
         &self,
         path: &Path,
@@ -316,7 +390,11 @@ impl DigestCache {
         // The handle's own metadata: a file renamed over `path` meanwhile shows another inode.
         let after = platform::stamp_file(&file)?;
         let key = FileKey::new(path, &after);
-        if key == FileKey::new(path, &before) && !self.racy(&key) {
+        let shard = path
+            .as_os_str()
+            .as_encoded_bytes()
+            .ends_with(INDEX_SHARD_SUFFIX);
+        if key == FileKey::new(path, &before) && !shard && !self.racy(&key) {
             self.insert(key, remembered.clone());
         }
         Ok(Known {
@@ -342,8 +420,7 @@ impl DigestCache {
     pub fn derived(&self, key: &str) -> Option<Digest> {
         let mut derived = self.derived.lock().ok()?;
         let entry = derived.get_mut(key)?;
-        if entry.last_used + USE_RESOLUTION_SECS <= self.now {
-            entry.last_used = self.now;
+        if entry.used(self.now) {
             self.changed.store(true, Ordering::Relaxed);
         }
         Some(entry.remembered.digest.clone())
@@ -356,13 +433,7 @@ impl DigestCache {
                 digest,
                 module_hash: None,
             };
-            derived.insert(
-                key,
-                Entry {
-                    remembered,
-                    last_used: self.now,
-                },
-            );
+            derived.insert(key, Entry::new(remembered, self.now));
             self.changed.store(true, Ordering::Relaxed);
         }
     }
@@ -370,57 +441,115 @@ impl DigestCache {
     /// Remembers `remembered` as the content of the file version `key` describes.
     fn insert(&self, key: FileKey, remembered: Remembered) {
         if let Ok(mut entries) = self.entries.lock() {
-            let entry = Entry {
-                remembered,
-                last_used: self.now,
-            };
-            entries.insert(key, entry);
+            entries.insert(key, Entry::new(remembered, self.now));
             self.changed.store(true, Ordering::Relaxed);
         }
     }
 
-    /// Writes the cache back, merged with entries other processes saved meanwhile: to a temporary
-    /// file beside it, renamed into place. Nothing is written when nothing changed.
+    /// Writes what this process added or used anew since loading: appended to the file, or, when
+    /// the file would hold more than twice the lines it needs (or more entries than are kept), the
+    /// whole cache merged with what other processes saved meanwhile, to a temporary file beside it
+    /// renamed into place. Nothing is written when nothing changed.
     pub fn save(&self) -> std::io::Result<()> {
         if !self.changed.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
-        let (Some(file), Ok(mut entries), Ok(mut derived)) =
-            (&self.file, self.entries.lock(), self.derived.lock())
-        else {
+        let (Some(file), Ok(mut entries), Ok(mut derived), Ok(mut lines)) = (
+            &self.file,
+            self.entries.lock(),
+            self.derived.lock(),
+            self.lines.lock(),
+        ) else {
             return Ok(());
         };
-        if let Ok(bytes) = std::fs::read(file) {
-            let (saved_entries, saved_derived) = parse(&bytes);
-            merge(&mut entries, saved_entries);
-            merge(&mut derived, saved_derived);
+        let unsaved = (entries.iter().filter(|(_, e)| !e.saved))
+            .filter_map(file_line)
+            .chain((derived.iter().filter(|(_, e)| !e.saved)).map(derived_line))
+            .collect::<Vec<_>>();
+        let live = entries.len() + derived.len();
+        let appendable = lines.is_some_and(|lines| {
+            lines + unsaved.len() <= 2 * live + COMPACT_SLACK
+                && entries.len() <= MAX_ENTRIES
+                && derived.len() <= MAX_DERIVED
+        });
+        let written = if appendable && append(file, &unsaved).is_ok() {
+            // And the newline the block starts with.
+            lines.map(|lines| lines + unsaved.len() + usize::from(!unsaved.is_empty()))
+        } else {
+            Some(compact(file, &mut entries, &mut derived)?)
+        };
+        *lines = written;
+        for entry in entries.values_mut().chain(derived.values_mut()) {
+            entry.saved = true;
         }
-        let kept = most_recently_used(&entries, MAX_ENTRIES);
-        let dir = file.parent().unwrap_or(Path::new("."));
-        create_private_dir(dir)?;
-        let mut out = std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
-        writeln!(out, "{HEADER}")?;
-        for (key, entry) in kept {
-            if let Some(line) = key.to_line(entry) {
-                out.write_all(&line)?;
-            }
-        }
-        for (key, entry) in most_recently_used(&derived, MAX_DERIVED) {
-            let Digest { hash, size_bytes } = &entry.remembered.digest;
-            writeln!(
-                out,
-                "{DERIVED} {key} {} {hash} {size_bytes}",
-                entry.last_used
-            )?;
-        }
-        let tmp = out.into_inner().map_err(|e| e.into_error())?;
-        tmp.persist(file).map_err(|e| e.error)?;
         Ok(())
     }
 }
 
-/// The file entries and the derived digests of a cache file.
-type Parsed = (HashMap<FileKey, Entry>, HashMap<String, Entry>);
+/// A file entry's checked line (none for a path that cannot be written: it holds a newline).
+fn file_line((key, entry): (&FileKey, &Entry)) -> Option<Vec<u8>> {
+    Some(checked(&key.to_line(entry)?))
+}
+
+/// A derived digest's checked line: `derived <key> <last-used> <hash> <size>`.
+fn derived_line((key, entry): (&String, &Entry)) -> Vec<u8> {
+    let Digest { hash, size_bytes } = &entry.remembered.digest;
+    let line = format!("{DERIVED} {key} {} {hash} {size_bytes}", entry.last_used);
+    checked(line.as_bytes())
+}
+
+/// Appends `lines` to `file` in one write, after a newline that ends a line a killed writer may
+/// have left unfinished. The file must exist (else it is written whole, with its header).
+fn append(file: &Path, lines: &[Vec<u8>]) -> std::io::Result<()> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut block = vec![b'\n'];
+    for line in lines {
+        block.extend_from_slice(line);
+    }
+    let mut options = std::fs::OpenOptions::new();
+    platform::open_no_follow(options.append(true), file)?.write_all(&block)
+}
+
+/// Writes the whole cache, merged with what is in `file` by now and trimmed to the most recently
+/// used, to a temporary file renamed over `file`; the lines it wrote.
+fn compact(
+    file: &Path,
+    entries: &mut HashMap<FileKey, Entry>,
+    derived: &mut HashMap<String, Entry>,
+) -> std::io::Result<usize> {
+    if let Ok(bytes) = std::fs::read(file) {
+        let saved = parse(&bytes);
+        merge(entries, saved.entries);
+        merge(derived, saved.derived);
+    }
+    let kept = (most_recently_used(entries, MAX_ENTRIES).into_iter()).filter_map(file_line);
+    let kept_derived = most_recently_used(derived, MAX_DERIVED)
+        .into_iter()
+        .map(derived_line);
+    let dir = file.parent().unwrap_or(Path::new("."));
+    create_private_dir(dir)?;
+    let mut out = std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
+    writeln!(out, "{HEADER}")?;
+    let mut lines = 0;
+    for line in kept.chain(kept_derived) {
+        out.write_all(&line)?;
+        lines += 1;
+    }
+    let tmp = out.into_inner().map_err(|e| e.into_error())?;
+    tmp.persist(file).map_err(|e| e.error)?;
+    Ok(lines)
+}
+
+/// What a cache file holds.
+#[derive(Default)]
+struct Parsed {
+    entries: HashMap<FileKey, Entry>,
+    derived: HashMap<String, Entry>,
+    /// Its lines after the header, or None when it has no header of this format.
+    lines: Option<usize>,
+}
 
 fn parse(bytes: &[u8]) -> Parsed {
     let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
@@ -430,13 +559,15 @@ fn parse(bytes: &[u8]) -> Parsed {
     if lines.first() != Some(&HEADER.as_bytes()) {
         return parsed;
     }
-    for line in &lines[1..] {
+    parsed.lines = Some(lines.len() - 1);
+    // A later line for the same key supersedes an earlier one: the later use wins.
+    for line in lines[1..].iter().filter_map(|line| verified(line)) {
         if let Some(rest) = line.strip_prefix(DERIVED.as_bytes()) {
             if let Some((key, entry)) = derived_from_line(rest) {
-                parsed.1.insert(key, entry);
+                merge_one(&mut parsed.derived, key, entry);
             }
         } else if let Some((key, entry)) = FileKey::from_line(line) {
-            parsed.0.insert(key, entry);
+            merge_one(&mut parsed.entries, key, entry);
         }
     }
     parsed
@@ -459,24 +590,20 @@ fn derived_from_line(rest: &[u8]) -> Option<(String, Entry)> {
         digest,
         module_hash: None,
     };
-    valid.then(|| {
-        let entry = Entry {
-            remembered,
-            last_used,
-        };
-        (key.to_owned(), entry)
-    })
+    valid.then(|| (key.to_owned(), Entry::saved(remembered, last_used)))
 }
 
 /// Adds to `entries` what another process saved meanwhile (the later use of each wins).
 fn merge<K: std::hash::Hash + Eq>(entries: &mut HashMap<K, Entry>, saved: HashMap<K, Entry>) {
     for (key, saved) in saved {
-        let entry = entries.entry(key).or_insert(Entry {
-            remembered: saved.remembered,
-            last_used: 0,
-        });
-        entry.last_used = entry.last_used.max(saved.last_used);
+        merge_one(entries, key, saved);
     }
+}
+
+fn merge_one<K: std::hash::Hash + Eq>(entries: &mut HashMap<K, Entry>, key: K, saved: Entry) {
+    let last_used = saved.last_used;
+    let entry = entries.entry(key).or_insert(saved);
+    entry.last_used = entry.last_used.max(last_used);
 }
 
 /// At most `max` of `entries`, the most recently used.
@@ -589,10 +716,12 @@ mod tests {
         cache.save().unwrap();
         let again = DigestCache::open(Some(file.clone()));
         assert_eq!(again.derived(&key), Some(digest::of_bytes(b"rewritten")));
-        // A line of a kind this version does not know is skipped, as older ones skip `derived`.
+        // A derived line is no file entry; a malformed one is skipped.
         let text = std::fs::read_to_string(&file).unwrap();
-        assert!(FileKey::from_line(text.lines().nth(1).unwrap().as_bytes()).is_none());
-        std::fs::write(&file, format!("{text}derived {key} 1 not-a-hash 9\n")).unwrap();
+        let line = verified(text.lines().nth(1).unwrap().as_bytes()).unwrap();
+        assert!(FileKey::from_line(line).is_none());
+        let bad = checked(format!("derived {key} 1 not-a-hash 9").as_bytes());
+        std::fs::write(&file, [text.as_bytes(), &bad].concat()).unwrap();
         assert_eq!(
             DigestCache::open(Some(file)).derived(&key),
             Some(digest::of_bytes(b"rewritten"))
@@ -633,22 +762,40 @@ mod tests {
         std::fs::write(&store, [0xff, 0, 0x80, b'\n', 7]).unwrap();
         assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
 
-        // A version-1 file, whose lines lack the module hash and last use, is an empty cache.
+        // A version-1 file, whose lines lack the module hash and last use, and a version-2 file,
+        // whose lines lack checksums, are empty caches.
         let hash = "a".repeat(64);
         let v1 = format!("dtlto-reapi digest cache v1\n1 2 3 4 5 {hash} 3 /p\n");
         std::fs::write(&store, v1).unwrap();
         assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+        let v2 = format!("dtlto-reapi digest cache v2\n1 2 3 4 5 6 {hash} 3 - /p\n");
+        std::fs::write(&store, v2).unwrap();
+        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
 
         // Only the well-formed line whose digest size matches the file size survives: not one
-        // with another size, a short or non-hex module hash, missing fields, or one cut short.
+        // with another size, a short or non-hex module hash, missing fields, a wrong checksum or
+        // none, or one cut short.
         let module = "0123456789abcdef0123456789abcdef01234567";
-        let lines = format!(
-            "{HEADER}\n1 2 3 4 5 6 {hash} 3 {module} /p q\n1 2 4 4 5 6 {hash} 3 - /r\n\
-             1 2 3 4 5 6 {hash} 3 0123 /s\n1 2 3 4 5 6 {hash} 3 {} /t\n1 2 x\n\
-             1 2 3 4 5 6 {hash} 3 - /u\n1 2 3 4 5 6 {hash} 3 - /truncated",
-            "g".repeat(40)
-        );
-        std::fs::write(&store, lines).unwrap();
+        let good = checked(format!("1 2 3 4 5 6 {hash} 3 - /u").as_bytes());
+        let mut wrong_sum = good.clone();
+        wrong_sum[0] = if wrong_sum[0] == b'0' { b'1' } else { b'0' };
+        let lines = [
+            format!("{HEADER}\n").into_bytes(),
+            checked(format!("1 2 3 4 5 6 {hash} 3 {module} /p q").as_bytes()),
+            checked(format!("1 2 4 4 5 6 {hash} 3 - /r").as_bytes()),
+            checked(format!("1 2 3 4 5 6 {hash} 3 0123 /s").as_bytes()),
+            checked(format!("1 2 3 4 5 6 {hash} 3 {} /t", "g".repeat(40)).as_bytes()),
+            checked(b"1 2 x"),
+            format!("1 2 3 4 5 6 {hash} 3 - /no-checksum\n").into_bytes(),
+            wrong_sum
+                .iter()
+                .map(|&b| if b == b'u' { b'v' } else { b })
+                .collect(),
+            good,
+            checked(format!("1 2 3 4 5 6 {hash} 3 - /truncated").as_bytes()),
+        ]
+        .concat();
+        std::fs::write(&store, &lines[..lines.len() - 1]).unwrap();
         let cache = DigestCache::open(Some(store));
         let entries = cache.entries.lock().unwrap();
         let mut paths: Vec<&Path> = entries.keys().map(|k| k.path.as_path()).collect();
@@ -665,10 +812,7 @@ mod tests {
         let entries: HashMap<FileKey, Entry> = (0..10u64)
             .map(|day| {
                 let key = FileKey::new(&dir.path().join(day.to_string()), &meta);
-                let entry = Entry {
-                    remembered: remembered(b"abc", None),
-                    last_used: day * USE_RESOLUTION_SECS,
-                };
+                let entry = Entry::new(remembered(b"abc", None), day * USE_RESOLUTION_SECS);
                 (key, entry)
             })
             .collect();
@@ -695,13 +839,135 @@ mod tests {
         let again = DigestCache::open(Some(store.clone()));
         assert!(again.lookup(&file, &meta).is_some());
         assert!(!again.changed.load(Ordering::Relaxed));
-        // Last used long ago: the use is recorded.
-        let old = std::fs::read_to_string(&store).unwrap();
-        let now = format!(" {} ", cache.now);
-        std::fs::write(&store, old.replacen(&now, " 1000 ", 1)).unwrap();
-        let later = DigestCache::open(Some(store));
+        // Last used long ago: the use is recorded, in a line appended.
+        let entries = cache.entries.lock().unwrap();
+        let (key, entry) = entries.iter().next().unwrap();
+        let old = Entry::saved(entry.remembered.clone(), 1000);
+        let text = [
+            format!("{HEADER}\n").into_bytes(),
+            checked(&key.to_line(&old).unwrap()),
+        ];
+        std::fs::write(&store, text.concat()).unwrap();
+        let later = DigestCache::open(Some(store.clone()));
         assert!(later.lookup(&file, &meta).is_some());
         assert!(later.changed.load(Ordering::Relaxed));
+        later.save().unwrap();
+        let (key, entry) = (
+            key.clone(),
+            Entry::saved(entry.remembered.clone(), later.now),
+        );
+        let used = [
+            text.concat(),
+            b"\n".to_vec(),
+            checked(&key.to_line(&entry).unwrap()),
+        ];
+        assert_eq!(std::fs::read(&store).unwrap(), used.concat());
+        let reread = DigestCache::open(Some(store)).entries.into_inner().unwrap();
+        assert_eq!(reread[&key].last_used, later.now);
+    }
+
+    #[test]
+    fn a_save_appends_what_is_new_and_survives_torn_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let files: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("{i}.o"))).collect();
+        let stamped = |path: &Path| {
+            let bytes = path.as_os_str().as_encoded_bytes();
+            std::fs::write(path, bytes).unwrap();
+            let stamp = platform::stamp_path(path).unwrap();
+            (FileKey::new(path, &stamp), remembered(bytes, None))
+        };
+        let first = DigestCache::open(Some(store.clone()));
+        let (key, value) = stamped(&files[0]);
+        first.insert(key, value);
+        first.save().unwrap();
+        let saved = std::fs::read(&store).unwrap();
+
+        // Another link adds one file: the file grows by that line only.
+        let second = DigestCache::open(Some(store.clone()));
+        let (key, value) = stamped(&files[1]);
+        second.insert(key.clone(), value.clone());
+        second.save().unwrap();
+        let grown = std::fs::read(&store).unwrap();
+        assert_eq!(&grown[..saved.len()], saved.as_slice());
+        let line = checked(&key.to_line(&Entry::saved(value, second.now)).unwrap());
+        assert_eq!(&grown[saved.len()..], [b"\n".as_slice(), &line].concat());
+        // Saving again with nothing new writes nothing.
+        second.save().unwrap();
+        assert_eq!(std::fs::read(&store).unwrap(), grown);
+
+        // A link killed while appending left half a line: the next one's lines are intact, and
+        // the torn line, though its start looks like an entry, is not trusted.
+        let torn = &line[..line.len() - 10];
+        std::fs::write(&store, [grown.as_slice(), b"\n", torn].concat()).unwrap();
+        let third = DigestCache::open(Some(store.clone()));
+        let (key, value) = stamped(&files[2]);
+        third.insert(key, value);
+        third.save().unwrap();
+        let entries = DigestCache::open(Some(store)).entries.into_inner().unwrap();
+        let mut paths: Vec<&Path> = entries.keys().map(|k| k.path.as_path()).collect();
+        paths.sort();
+        assert_eq!(paths, [&files[0], &files[1], &files[2]]);
+    }
+
+    #[test]
+    fn a_save_compacts_a_file_that_holds_twice_the_lines_it_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let key = |i: usize| format!("{i:064x}");
+        let cache = DigestCache::open(Some(store.clone()));
+        cache.remember_derived(key(0), digest::of_bytes(b"0"));
+        cache.save().unwrap();
+        // The same entry appended again and again (as links do that record a use), and torn
+        // lines: more than twice the lines the one entry needs, and the slack.
+        let mut text = std::fs::read(&store).unwrap();
+        let line = text[HEADER.len() + 1..].to_vec();
+        for _ in 0..COMPACT_SLACK + 2 {
+            text.extend_from_slice(&line);
+            text.extend_from_slice(b"torn\n");
+        }
+        std::fs::write(&store, &text).unwrap();
+        let grown = DigestCache::open(Some(store.clone()));
+        assert_eq!(*grown.lines.lock().unwrap(), Some(2 * COMPACT_SLACK + 5));
+        grown.remember_derived(key(1), digest::of_bytes(b"1"));
+        grown.save().unwrap();
+        // Written whole: the header and the two entries' lines.
+        let compacted = std::fs::read_to_string(&store).unwrap();
+        assert_eq!(compacted.lines().count(), 3, "{compacted}");
+        assert!(compacted.starts_with(HEADER));
+        let again = DigestCache::open(Some(store));
+        assert_eq!(again.derived(&key(0)), Some(digest::of_bytes(b"0")));
+        assert_eq!(again.derived(&key(1)), Some(digest::of_bytes(b"1")));
+    }
+
+    #[test]
+    fn index_shards_are_not_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let (shard, object) = (
+            dir.path().join("m.1.4242.native.o.thinlto.bc"),
+            dir.path().join("m.o"),
+        );
+        for path in [&shard, &object] {
+            std::fs::write(path, b"abc").unwrap();
+            let old = SystemTime::now() - Duration::from_secs(60);
+            File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        let cache = DigestCache::open(Some(store.clone()));
+        // Ctime cannot be set back: the clock of the file system is taken to be later.
+        cache.observe_clock(platform::stamp_path(&shard).unwrap().0.device, i64::MAX / 2);
+        let read = |path: &Path| {
+            cache
+                .get_or_read(path, |_, _| Ok(remembered(b"abc", None)))
+                .unwrap()
+        };
+        assert!(!read(&shard).from_cache && !read(&shard).from_cache);
+        assert!(!read(&object).from_cache && read(&object).from_cache);
     }
     #[test]
     fn recent_is_measured_by_the_file_systems_clock() {
