@@ -11,6 +11,7 @@
 //! is made, and a frame may not ask for a window above [`MAX_WINDOW_LOG`]; so what one transfer
 //! can make the process hold is bounded whatever arrives.
 
+use std::cell::RefCell;
 use std::io::{self, BufReader, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,9 +43,21 @@ pub fn worth_compressing(size: u64) -> bool {
     size >= MIN_COMPRESSED_SIZE
 }
 
-/// `data` compressed as one zstd frame.
+/// `data` compressed as one zstd frame, by this thread's compressor: making a zstd context costs
+/// about as much as compressing a small blob, and a cold link uploads a few per job.
 pub fn compress(data: &[u8]) -> io::Result<Vec<u8>> {
-    zstd::bulk::compress(data, LEVEL)
+    thread_local! {
+        static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { RefCell::new(None) };
+    }
+    COMPRESSOR.with(|cell| {
+        let mut compressor = cell.borrow_mut();
+        let compressor = match compressor.as_mut() {
+            Some(compressor) => compressor,
+            None => compressor.insert(zstd::bulk::Compressor::new(LEVEL)?),
+        };
+        compressor.compress(data)
+    })
 }
 
 /// The most bytes a zstd frame of `size` uncompressed bytes can take: the bound on what a

@@ -33,7 +33,10 @@ impl Client {
     }
 
     /// Writes blob `digest` to `path` (created or truncated), verified against the digest. On
-    /// failure `path` is removed. Large blobs are streamed to the file, never held in memory.
+    /// failure `path` is removed. Large blobs are streamed to the file, never held in memory;
+    /// a blob that travels in a batch (most native objects) is read whole, then written with
+    /// one blocking call, instead of through an async file handle (a trip to the blocking pool
+    /// per create, write, flush and close).
     pub async fn download_to_file(
         &self,
         digest: &Digest,
@@ -45,6 +48,17 @@ impl Client {
             path: path.to_path_buf(),
             source,
         };
+        if self.inner.fits_batch(digest) {
+            let data = self.download(digest, ctx).await?;
+            let target = path.to_path_buf();
+            return blocking(move || {
+                std::fs::write(&target, &data).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&target);
+                })
+            })
+            .await
+            .map_err(io_err);
+        }
         let mut file = tokio::fs::File::create(path).await.map_err(io_err)?;
         let result = async {
             self.inner
