@@ -378,11 +378,12 @@ async fn plan_probe(
         .plan_command(&["--version".to_owned()])
         .map_err(|e| Failure::new(e.detail, "fix the compiler's shared arguments"))?;
     let toolchain = planner.toolchain();
-    let mut blobs = assembled.blobs;
+    let action = assembled.action_digest.clone();
+    let mut blobs = assembled.into_blobs();
     blobs.extend(planner.toolchain_blobs().iter().cloned());
     Ok(Probe {
         shown,
-        action: assembled.action_digest,
+        action,
         blobs,
         uploaded: (toolchain.identity.mode == ToolchainMode::Upload).then(|| toolchain.clone()),
         why_not_uploaded: planner.toolchain_warning().map(str::to_owned),
@@ -570,8 +571,8 @@ mod tests {
                 .chain([file("m.native.o").display().to_string()])
                 .chain([file("m.o").display().to_string()])
                 .collect(),
-            inputs: vec![file("m.o"), file("m.thinlto.bc")],
-            outputs: vec![file("m.native.o")],
+            inputs: vec![file("m.o"), file("m.thinlto.bc")].into(),
+            outputs: vec![file("m.native.o")].into(),
         };
         let compiler = "/usr/bin/true".to_owned();
         let prepend = vec!["clang".to_owned()];

@@ -18,7 +18,7 @@ use crate::reapi::ReapiError;
 use crate::report::{Reporter, RunTotals};
 use crate::settings::{Mode, Settings};
 use crate::staging;
-use crate::trace::{self, Trace};
+use crate::trace::{self, LinkTrack, Trace};
 
 /// Runs every job of `job_file_path` and returns the exit status for lld.
 pub fn run(job_file_path: &Path, settings: &Settings) -> ExitCode {
@@ -67,45 +67,47 @@ async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
     };
 
     // Connecting (with its retries) and hashing the inputs can take a while: an interrupt must
-    // not wait for them.
-    let connecting = (settings.mode != Mode::Local)
-        .then(|| trace::link_phase(ctx.trace.as_ref(), "connect"))
-        .flatten();
-    let connect = ctx
-        .cancel
-        .run_until_cancelled(RemoteExecutor::connect(&ctx, settings));
-    let remote = match settings.mode {
-        Mode::Local => None,
-        Mode::Remote | Mode::CacheOnly => match connect.await {
-            None => return interrupted(&reporter, &signalled),
-            Some(Ok(remote)) => Some(remote),
-            // The cluster is down or too slow to answer: the link can still be done here.
-            Some(Err(e)) if settings.local_fallback && is_infrastructure(&e) => {
-                let error = advice::describe_any(&e);
-                tracing::warn!(%error, "cannot connect: every job falls back to a local compile");
-                let text = format!("{error}; falling back to local compiles");
-                reporter.warn_once("infrastructure", &text);
-                None
-            }
-            Some(Err(e)) => {
-                reporter.error(&advice::describe_any(&e));
-                return ExitCode::FAILURE;
-            }
-        },
+    // not wait for them, and neither waits for the other.
+    let connect = async {
+        if settings.mode == Mode::Local {
+            return Some(Ok(None));
+        }
+        let _phase = trace::link_phase(ctx.trace.as_ref(), LinkTrack::Connection, "connect");
+        let connected = ctx
+            .cancel
+            .run_until_cancelled(RemoteExecutor::connect(&ctx, settings))
+            .await;
+        connected.map(|c| c.map(Some))
     };
-    drop(connecting);
-    let runner = match ctx
+    let prepare = ctx
         .cancel
-        .run_until_cancelled(Runner::new(&ctx, settings, remote))
-        .await
-    {
+        .run_until_cancelled(Runner::prepare(&ctx, settings));
+    let (connected, prepared) = tokio::join!(connect, prepare);
+    let remote = match connected {
         None => return interrupted(&reporter, &signalled),
-        Some(Ok(runner)) => runner,
+        Some(Ok(remote)) => remote,
+        // The cluster is down or too slow to answer: the link can still be done here.
+        Some(Err(e)) if settings.local_fallback && is_infrastructure(&e) => {
+            let error = advice::describe_any(&e);
+            tracing::warn!(%error, "cannot connect: every job falls back to a local compile");
+            let text = format!("{error}; falling back to local compiles");
+            reporter.warn_once("infrastructure", &text);
+            None
+        }
+        Some(Err(e)) => {
+            reporter.error(&advice::describe_any(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let prepared = match prepared {
+        None => return interrupted(&reporter, &signalled),
+        Some(Ok(prepared)) => prepared,
         Some(Err(e)) => {
             reporter.error(&format!("{e:#}"));
             return ExitCode::FAILURE;
         }
     };
+    let runner = Runner::new(&ctx, settings, prepared, remote);
     let runner = Arc::new(runner);
     let concurrency = runner.concurrency(settings);
     let succeeded = executor::run_all(&ctx, concurrency, |job| {

@@ -11,9 +11,11 @@
 //! `inputs[1]` its index shard, `inputs[2..]` the modules it imports, and `outputs[0]` the native
 //! object.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -29,16 +31,17 @@ pub struct JobFile {
     pub jobs: Vec<Job>,
 }
 
-/// One ThinLTO backend compile.
+/// One ThinLTO backend compile. Cheap to clone (its lists are shared): a job is handed from the
+/// scheduler to planning and execution, and may list ~100 imports.
 #[derive(Debug, Clone)]
 pub struct Job {
     /// Position in the job file, for messages.
     pub index: usize,
-    pub args: Vec<String>,
+    pub args: Arc<[String]>,
     /// `[module, index shard, imported modules...]`; validated to hold at least two entries.
-    pub inputs: Vec<PathBuf>,
+    pub inputs: Arc<[PathBuf]>,
     /// `[native object, other outputs...]`; validated to hold at least one entry.
-    pub outputs: Vec<PathBuf>,
+    pub outputs: Arc<[PathBuf]>,
 }
 
 impl Job {
@@ -188,18 +191,18 @@ impl JobFile {
                 ));
             }
         }
-        // Each file once (one `stat`), however many jobs import it.
-        let mut checked: HashMap<&Path, Option<&str>> = HashMap::new();
+        // Each file once (one `stat`), however many jobs import it; keyed by the path's bytes,
+        // which hash much faster than a `Path`'s components (~100 inputs per job).
+        let mut checked: HashMap<&OsStr, Option<&str>> = HashMap::new();
         for job in &self.jobs {
             for (i, input) in job.inputs.iter().enumerate() {
-                let problem =
-                    *checked
-                        .entry(input)
-                        .or_insert_with(|| match std::fs::metadata(input) {
-                            Ok(meta) if meta.is_file() => None,
-                            Ok(_) => Some("is not a regular file"),
-                            Err(_) => Some("does not exist"),
-                        });
+                let problem = *checked.entry(input.as_os_str()).or_insert_with(|| {
+                    match std::fs::metadata(input) {
+                        Ok(meta) if meta.is_file() => None,
+                        Ok(_) => Some("is not a regular file"),
+                        Err(_) => Some("does not exist"),
+                    }
+                });
                 if let Some(what) = problem {
                     problems.push(format!(
                         "{}: `inputs[{i}]` {} {what}",
@@ -235,7 +238,11 @@ impl JobFile {
 
     /// The full command line of `job`: `common.args ++ job.args`.
     pub fn command(&self, job: &Job) -> Vec<String> {
-        self.common_args.iter().chain(&job.args).cloned().collect()
+        self.common_args
+            .iter()
+            .chain(job.args.iter())
+            .cloned()
+            .collect()
     }
 }
 
@@ -284,7 +291,7 @@ fn parse_job(index: usize, entry: &Value) -> Result<Job, Vec<String>> {
     if problems.is_empty() {
         Ok(Job {
             index,
-            args,
+            args: args.into(),
             inputs: inputs.into_iter().map(PathBuf::from).collect(),
             outputs: outputs.into_iter().map(PathBuf::from).collect(),
         })
@@ -343,11 +350,15 @@ fn clashing_outputs(jobs: &[Job], common_inputs: &[PathBuf]) -> Vec<String> {
             .entry(normalized(input))
             .or_insert_with(|| "an input of every job (`common.inputs`)".to_owned());
     }
+    // Each spelling once: most inputs are modules that ~100 jobs import.
+    let mut spelled = HashSet::new();
     for job in jobs {
-        for input in &job.inputs {
-            inputs
-                .entry(normalized(input))
-                .or_insert_with(|| format!("an input of job {}", job.index));
+        for input in job.inputs.iter() {
+            if spelled.insert(input.as_os_str()) {
+                inputs
+                    .entry(normalized(input))
+                    .or_insert_with(|| format!("an input of job {}", job.index));
+            }
         }
     }
     let mut outputs = std::collections::HashMap::new();

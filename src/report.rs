@@ -311,9 +311,9 @@ mod tests {
     fn summary_counts() {
         let job = Job {
             index: 0,
-            args: vec![],
-            inputs: vec!["a.o".into(), "a.bc".into()],
-            outputs: vec!["a.n.o".into()],
+            args: vec![].into(),
+            inputs: vec!["a.o".into(), "a.bc".into()].into(),
+            outputs: vec!["a.n.o".into()].into(),
         };
         let records = vec![
             JobRecord::new(&job, Status::Succeeded, Ran::Local, Duration::ZERO),

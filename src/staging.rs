@@ -38,7 +38,7 @@ impl StagedOutputs {
             pairs: Vec::with_capacity(job.outputs.len()),
             committed: false,
         };
-        for output in &job.outputs {
+        for output in job.outputs.iter() {
             let name = output
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -185,9 +185,9 @@ mod tests {
     fn job(dir: &Path) -> Job {
         Job {
             index: 3,
-            args: vec![],
-            inputs: vec![dir.join("m.o"), dir.join("m.bc")],
-            outputs: vec![dir.join("m.native.o"), dir.join("m.stats")],
+            args: vec![].into(),
+            inputs: vec![dir.join("m.o"), dir.join("m.bc")].into(),
+            outputs: vec![dir.join("m.native.o"), dir.join("m.stats")].into(),
         }
     }
 

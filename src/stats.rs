@@ -122,7 +122,7 @@ impl JobRecord {
         JobRecord {
             index: job.index,
             module: job.module().to_owned(),
-            outputs: job.outputs.clone(),
+            outputs: job.outputs.to_vec(),
             status,
             ran,
             exit_code: None,
@@ -269,9 +269,9 @@ mod tests {
     fn records_read_back_as_written() {
         let job = Job {
             index: 3,
-            args: vec![],
-            inputs: vec!["a.o".into()],
-            outputs: vec!["a.n.o".into()],
+            args: vec![].into(),
+            inputs: vec!["a.o".into()].into(),
+            outputs: vec!["a.n.o".into()].into(),
         };
         let mut record =
             JobRecord::new(&job, Status::Failed, Ran::Remote, Duration::from_millis(7));

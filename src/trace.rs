@@ -1,8 +1,9 @@
 //! `--trace FILE`: where a link's time went, as Chrome trace-event JSON (opens in Perfetto and
 //! `chrome://tracing`).
 //!
-//! Process 1, "dtlto-reapi", has a "link" track for what precedes the jobs (connecting to the
-//! cluster, hashing every input) and one track per concurrent slot: a job takes the lowest free slot
+//! Process 1, "dtlto-reapi", has two tracks for what precedes the jobs, "connection" (connecting to
+//! the cluster) and "link" (hashing every input), which run at the same time, and one track per
+//! concurrent slot: a job takes the lowest free slot
 //! when it starts and gives it back when it ends, so the tracks show how busy the link kept its
 //! slots. On its slot a job is one span (named after its module) holding its phases in order:
 //! planning, disk-cache and action-cache lookups, upload, remote execution, download, local compile,
@@ -71,8 +72,19 @@ struct Execution {
     events: Vec<Event>,
 }
 
-/// The track of the link-level phases; slot `n` is track `n + 1`.
+/// The tracks of the link-level phases; slot `n` is track `n + SLOT_TID_BASE`.
 const LINK_TID: usize = 0;
+const CONNECTION_TID: usize = 1;
+const SLOT_TID_BASE: usize = 2;
+
+/// Where a link-level phase goes: connecting to the cluster runs beside the rest.
+#[derive(Clone, Copy)]
+pub enum LinkTrack {
+    /// Connecting to the cluster.
+    Connection,
+    /// Hashing the inputs.
+    Link,
+}
 
 /// The job a task is running (or the link itself), for [`phase`].
 #[derive(Clone)]
@@ -125,11 +137,17 @@ impl Trace {
             events.push(metadata("process_name", CLUSTER_PID, 0, "cluster"));
         }
         events.push(metadata("thread_name", CLIENT_PID, LINK_TID, "link"));
+        events.push(metadata(
+            "thread_name",
+            CLIENT_PID,
+            CONNECTION_TID,
+            "connection",
+        ));
         for slot in 0..state.slots.len() {
             events.push(metadata(
                 "thread_name",
                 CLIENT_PID,
-                slot + 1,
+                slot + SLOT_TID_BASE,
                 &format!("slot {slot}"),
             ));
         }
@@ -218,7 +236,7 @@ impl Scope {
         };
         let track = JobTrack {
             trace: trace.clone(),
-            tid: slot + 1,
+            tid: slot + SLOT_TID_BASE,
             module: self.module,
         };
         let args = json!({ "index": self.index });
@@ -256,11 +274,15 @@ pub fn phase_since(name: &'static str, since: Instant, args: Value) {
     });
 }
 
-/// A phase of the link itself (before its jobs run), on the "link" track; nothing without a trace.
-pub fn link_phase(trace: Option<&Arc<Trace>>, name: &'static str) -> Option<Phase> {
+/// A phase of the link itself (before its jobs run), on one of the link's tracks; nothing without a
+/// trace.
+pub fn link_phase(trace: Option<&Arc<Trace>>, on: LinkTrack, name: &'static str) -> Option<Phase> {
     let track = JobTrack {
         trace: trace?.clone(),
-        tid: LINK_TID,
+        tid: match on {
+            LinkTrack::Connection => CONNECTION_TID,
+            LinkTrack::Link => LINK_TID,
+        },
         module: String::new(),
     };
     Some(Phase::start(&track, name.to_owned(), "link", Value::Null))
@@ -378,9 +400,9 @@ mod tests {
     fn job(index: usize, module: &str) -> Job {
         Job {
             index,
-            args: vec![module.to_owned()],
-            inputs: vec![module.into(), "x.thinlto.bc".into()],
-            outputs: vec!["x.o".into()],
+            args: vec![module.to_owned()].into(),
+            inputs: vec![module.into(), "x.thinlto.bc".into()].into(),
+            outputs: vec!["x.o".into()].into(),
         }
     }
 

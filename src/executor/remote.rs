@@ -424,7 +424,8 @@ impl RemoteExecutor {
         };
         let upload = trace::phase("upload");
         self.upload_toolchain(spec, call).await?;
-        self.uploads.ensure(&self.client, &spec.blobs, call).await?;
+        let blobs = spec.blobs_to_upload();
+        self.uploads.ensure(&self.client, &blobs, call).await?;
         drop(upload);
         let execution = trace::phase("remote execution");
         let response = match self
@@ -435,11 +436,9 @@ impl RemoteExecutor {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked (the toolchain's too, maybe): send them
                 // again, once.
-                let all: Vec<Blob> = spec
-                    .blobs
-                    .iter()
-                    .chain(spec.toolchain_blobs.iter())
-                    .cloned()
+                let all: Vec<Blob> = blobs
+                    .into_iter()
+                    .chain(spec.toolchain_blobs.iter().cloned())
                     .collect();
                 self.uploads.forget(all.iter().map(|b| b.digest.clone()));
                 self.uploads.ensure(&self.client, &all, call).await?;

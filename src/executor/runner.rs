@@ -21,7 +21,7 @@ use crate::plan::planner::Planner;
 use crate::reapi::{self, TransferStats};
 use crate::settings::{Mode, Settings};
 use crate::stats::{Degraded, JobRecord, Ran, Status, ToolchainReport};
-use crate::trace;
+use crate::trace::{self, LinkTrack};
 
 /// Runs jobs the way the settings ask: planned into Actions when anything keys results by them
 /// (a remote, the disk cache), looked up in the disk cache first, then run remotely or locally,
@@ -33,14 +33,18 @@ pub struct Runner {
     local: LocalRunner,
 }
 
+/// What a link prepares while it connects to the cluster: the disk cache, the local compile
+/// slots and, when a cluster or the disk cache may key results by Actions, the planner (which
+/// hashes every input: neither that nor connecting waits for the other).
+pub struct Prepared {
+    planner: Option<Planner>,
+    disk: Option<DiskCacheStep>,
+    local: LocalRunner,
+}
+
 impl Runner {
-    /// `remote` is the connected cluster in the remote modes (None in local mode, or when the
-    /// cluster was unreachable and the link falls back to local compiles).
-    pub async fn new(
-        ctx: &RunContext,
-        settings: &Settings,
-        remote: Option<RemoteExecutor>,
-    ) -> Result<Runner> {
+    /// The part of a [`Runner`] that does not depend on the cluster.
+    pub async fn prepare(ctx: &RunContext, settings: &Settings) -> Result<Prepared> {
         let disk = match &settings.disk_cache {
             None => None,
             Some(dir) => DiskCacheStep::open(ctx, dir, settings.disk_cache_max_size).await,
@@ -49,34 +53,63 @@ impl Runner {
         let environment =
             Arc::new(Environment::new(&settings.pass_env).map_err(anyhow::Error::msg)?);
         let cwd = std::env::current_dir().context("reading the working directory")?;
-        let planner = if remote.is_some() || disk.is_some() {
-            let legacy = remote
-                .as_ref()
-                .is_some_and(RemoteExecutor::legacy_output_files);
-            let _phase = trace::link_phase(ctx.trace.as_ref(), "hash inputs");
+        let planner = if settings.mode != Mode::Local || disk.is_some() {
+            let _phase = trace::link_phase(ctx.trace.as_ref(), LinkTrack::Link, "hash inputs");
             let planner = Planner::new(
                 ctx.job_file.clone(),
                 settings,
                 environment.clone(),
                 cwd.clone(),
-                legacy,
             )
             .await?;
-            announce_toolchain(ctx, settings, &planner);
-            Some(Arc::new(planner))
+            Some(planner)
         } else {
             None
         };
-        Ok(Runner {
+        let local = LocalRunner::new(
+            settings.jobs,
+            LocalSetup::new(&ctx.job_file, environment, cwd),
+        )
+        .context("cannot start the thread that runs local compiles")?;
+        Ok(Prepared {
+            planner,
+            disk,
+            local,
+        })
+    }
+
+    /// The runner, once connected: `remote` is the cluster in the remote modes (None in local
+    /// mode, or when the cluster was unreachable and the link falls back to local compiles).
+    pub fn new(
+        ctx: &RunContext,
+        settings: &Settings,
+        prepared: Prepared,
+        remote: Option<RemoteExecutor>,
+    ) -> Runner {
+        let Prepared {
+            planner,
+            disk,
+            local,
+        } = prepared;
+        // Planned only when something keys results by Actions.
+        let planner = planner
+            .filter(|_| remote.is_some() || disk.is_some())
+            .map(|mut planner| {
+                if remote
+                    .as_ref()
+                    .is_some_and(RemoteExecutor::legacy_output_files)
+                {
+                    planner.use_legacy_output_files();
+                }
+                announce_toolchain(ctx, settings, &planner);
+                Arc::new(planner)
+            });
+        Runner {
             planner,
             remote,
             disk,
-            local: LocalRunner::new(
-                settings.jobs,
-                LocalSetup::new(&ctx.job_file, environment, cwd),
-            )
-            .context("cannot start the thread that runs local compiles")?,
-        })
+            local,
+        }
     }
 
     /// Jobs in flight at once: many when a cluster runs them, else as many as local compiles.

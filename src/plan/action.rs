@@ -13,12 +13,12 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, Pl
 use serde::{Deserialize, Serialize};
 
 use super::args::rewrite_args;
-use super::digests::{FileDigests, InputPart};
+use super::digests::{FileDigests, FileInfo, InputPart};
 use super::environment::Environment;
 use super::layout::{Layout, SHARD_NAME};
-use super::merkle::{TreeFile, build_tree};
+use super::merkle::{TreeEntry, build_tree};
 use super::options::{LayoutKind, ToolchainMode};
-use super::toolchain::Toolchain;
+use super::toolchain::{Toolchain, ToolchainFile};
 use crate::jobs::{Job, JobFile};
 use crate::reapi::digest::{self, Digest};
 use crate::reapi::{Blob, BlobSource};
@@ -44,8 +44,12 @@ pub struct ActionOptions {
 #[derive(Debug)]
 pub struct ActionSpec {
     pub action_digest: Digest,
-    /// Every blob the action needs in the CAS: Action, Command, Directories and input files.
+    /// The blobs made for the action: Action, Command, Directories and generated inputs (see
+    /// [`ActionSpec::blobs_to_upload`] for all it needs in the CAS).
     pub blobs: Vec<Blob>,
+    /// The input files taken as they are (their blobs are made only for an upload: most
+    /// Actions of a relink are cache hits).
+    pub input_files: Vec<Arc<FileInfo>>,
     /// `(path relative to the working directory, local path lld expects)` for every output.
     pub outputs: Vec<(String, PathBuf)>,
     pub layout: LayoutKind,
@@ -57,6 +61,29 @@ pub struct ActionSpec {
     /// `--upload-compiler` names another compiler): only then are its results stored under the
     /// Action's digest.
     pub local_is_action: bool,
+}
+
+impl ActionSpec {
+    /// Every blob the action needs in the CAS: its input files and the blobs made for it.
+    pub fn blobs_to_upload(&self) -> Vec<Blob> {
+        file_blobs(&self.input_files)
+            .chain(self.blobs.iter().cloned())
+            .collect()
+    }
+}
+
+impl Assembled {
+    /// Every blob the action needs in the CAS but the toolchain's files.
+    pub fn into_blobs(self) -> Vec<Blob> {
+        file_blobs(&self.input_files).chain(self.blobs).collect()
+    }
+}
+
+/// The blobs of input files, read from where the link has them when uploaded.
+fn file_blobs(files: &[Arc<FileInfo>]) -> impl Iterator<Item = Blob> + '_ {
+    files
+        .iter()
+        .map(|file| Blob::from_file(file.local.to_path_buf(), file.digest.clone()))
 }
 
 /// The platform of `properties`, sorted as REAPI requires; `None` without any.
@@ -141,6 +168,7 @@ pub fn build(
     Ok(ActionSpec {
         action_digest: assembled.action_digest,
         blobs: assembled.blobs,
+        input_files: assembled.input_files,
         outputs: layout.outputs,
         layout: layout.kind,
         toolchain_blobs: options.toolchain_blobs.clone(),
@@ -155,9 +183,10 @@ pub struct Assembled {
     pub action_digest: Digest,
     pub command_digest: Digest,
     pub input_root: Digest,
-    /// Action, Command, Directories and input files; not the toolchain's files (see
-    /// [`ActionOptions::toolchain_blobs`]).
+    /// Action, Command, Directories and generated inputs; not the input files taken as they are
+    /// (`input_files`) nor the toolchain's files (see [`ActionOptions::toolchain_blobs`]).
     pub blobs: Vec<Blob>,
+    pub input_files: Vec<Arc<FileInfo>>,
     /// The platform properties, `NAME=VALUE`, sorted.
     pub platform: Vec<String>,
     /// The digest of the index shard the layout rewrote, if it did.
@@ -176,48 +205,48 @@ pub fn assemble(
     digests: &FileDigests,
     options: &ActionOptions,
 ) -> Result<Assembled, String> {
-    let mut blobs = Vec::new();
-    let mut tree_entries = Vec::with_capacity(layout.inputs.len());
+    let toolchain = &options.toolchain;
+    let toolchain_inputs: Vec<(String, &ToolchainFile)> = toolchain
+        .inputs()
+        .into_iter()
+        .map(|(path, file)| (layout.in_working_directory(&path), file))
+        .collect();
+    let mut blobs = Vec::with_capacity(layout.generated.len() + 4);
+    let mut input_files = Vec::with_capacity(layout.inputs.len());
+    let mut tree_entries =
+        Vec::with_capacity(layout.inputs.len() + layout.generated.len() + toolchain_inputs.len());
     for (path, local) in &layout.inputs {
         let info = digests
             .get(local)
             .ok_or_else(|| format!("{} was not hashed", local.display()))?;
-        tree_entries.push((
-            path.clone(),
-            TreeFile {
-                digest: info.digest.clone(),
-                executable: info.executable,
-            },
-        ));
-        blobs.push(Blob {
-            digest: info.digest.clone(),
-            source: BlobSource::File(local.clone()),
+        tree_entries.push(TreeEntry {
+            path,
+            digest: &info.digest,
+            executable: info.executable,
         });
+        input_files.push(info.clone());
     }
     let mut rewritten_shard = None;
     for generated in &layout.generated {
         if generated.path == SHARD_NAME {
             rewritten_shard = Some(generated.digest.clone());
         }
-        tree_entries.push((
-            generated.path.clone(),
-            TreeFile {
-                digest: generated.digest.clone(),
-                executable: false,
-            },
-        ));
+        tree_entries.push(TreeEntry {
+            path: &generated.path,
+            digest: &generated.digest,
+            executable: false,
+        });
         blobs.push(Blob {
             digest: generated.digest.clone(),
             source: generated.source.clone(),
         });
     }
-    let toolchain = &options.toolchain;
-    for (path, file) in toolchain.inputs() {
-        let file = TreeFile {
-            digest: file.digest.clone(),
+    for (path, file) in &toolchain_inputs {
+        tree_entries.push(TreeEntry {
+            path,
+            digest: &file.digest,
             executable: file.executable,
-        };
-        tree_entries.push((layout.in_working_directory(&path), file));
+        });
     }
     let tree = build_tree(tree_entries)?;
 
@@ -297,6 +326,7 @@ pub fn assemble(
         command_digest,
         input_root: tree.root_digest,
         blobs,
+        input_files,
         platform,
         rewritten_shard,
     })

@@ -30,7 +30,13 @@ pub struct InputPart {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileInfo {
+    /// The file's path as the job file names it (shared by every Action that has the file).
+    pub local: Arc<Path>,
     pub digest: Digest,
+    /// Its name in a canonical input root, `<hash>.o`, made once per link.
+    pub content_name: Arc<str>,
+    /// Whether another input of the link (at another path) has the same content.
+    pub has_twin: bool,
     pub executable: bool,
     /// The LLVM module hash, when the file is bitcode that records one.
     pub module_hash: Option<[u32; 5]>,
@@ -70,7 +76,7 @@ impl HashingStats {
 /// looked up ~100 times per job with many imports, and hashing a `Path` walks its components).
 #[derive(Debug, Default)]
 pub struct FileDigests {
-    files: HashMap<OsString, FileInfo>,
+    files: HashMap<OsString, Arc<FileInfo>>,
     stats: HashingStats,
 }
 
@@ -103,7 +109,7 @@ impl FileDigests {
                             Ok((info, from_cache)) => {
                                 if let Ok(mut known) = known.lock() {
                                     known.1.count(digest::size(&info.digest), from_cache);
-                                    known.0.insert(path.as_os_str().to_owned(), info);
+                                    known.0.insert(path.as_os_str().to_owned(), Arc::new(info));
                                 }
                             }
                             Err(e) => {
@@ -120,12 +126,24 @@ impl FileDigests {
         if let Some(e) = first_error.into_inner().ok().flatten() {
             return Err(e);
         }
-        let (files, stats) = known.into_inner().unwrap_or_default();
+        let (mut files, stats): (HashMap<OsString, Arc<FileInfo>>, _) =
+            known.into_inner().unwrap_or_default();
+        let mut contents: HashMap<String, usize> = HashMap::with_capacity(files.len());
+        for info in files.values() {
+            *contents.entry(info.digest.hash.clone()).or_default() += 1;
+        }
+        for info in files.values_mut() {
+            if contents[&info.digest.hash] > 1
+                && let Some(info) = Arc::get_mut(info)
+            {
+                info.has_twin = true;
+            }
+        }
         Ok(FileDigests { files, stats })
     }
 
     /// The digest of a file given to [`FileDigests::compute`].
-    pub fn get(&self, path: &Path) -> Option<&FileInfo> {
+    pub fn get(&self, path: &Path) -> Option<&Arc<FileInfo>> {
         self.files.get(path.as_os_str())
     }
 
@@ -160,6 +178,9 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
         digest: digest::display(&known.remembered.digest).to_string(),
     });
     let info = FileInfo {
+        local: path.into(),
+        content_name: format!("{}.o", known.remembered.digest.hash).into(),
+        has_twin: false,
         digest: known.remembered.digest,
         executable: crate::platform::executable_bit(&known.meta),
         module_hash: known.remembered.module_hash,
@@ -187,6 +208,12 @@ mod tests {
         assert_eq!(digests.get(&a).unwrap().digest, digest::of_bytes(b"abc"));
         assert!(!digests.get(&a).unwrap().executable);
         assert!(digests.get(&b).unwrap().executable);
+        // Same content at two paths: twins, which canonical layouts name apart.
+        assert!(digests.get(&a).unwrap().has_twin && digests.get(&b).unwrap().has_twin);
+        let alone = dir.path().join("c.o");
+        std::fs::write(&alone, b"c").unwrap();
+        let digests = FileDigests::compute([a.as_path(), alone.as_path()], 2, &cache).unwrap();
+        assert!(!digests.get(&a).unwrap().has_twin && !digests.get(&alone).unwrap().has_twin);
         let missing = dir.path().join("gone.o");
         let err = FileDigests::compute([a.as_path(), missing.as_path()], 2, &cache).unwrap_err();
         assert!(err.contains("gone.o"), "{err}");

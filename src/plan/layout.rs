@@ -36,8 +36,9 @@ pub struct Layout {
     pub kind: LayoutKind,
     /// The working directory's path inside the input root (`""` for the root itself).
     pub working_directory: String,
-    /// `(path inside the input root, local file)` for every input taken as it is.
-    pub inputs: Vec<(String, PathBuf)>,
+    /// `(path inside the input root, local file)` for every input taken as it is (shared: a
+    /// canonical layout takes both from the link's [`FileInfo`]s).
+    pub inputs: Vec<(Arc<str>, Arc<Path>)>,
     /// Inputs the layout produced (a rewritten shard).
     pub generated: Vec<Generated>,
     /// Argument renames: a path as the job file writes it → the path relative to the action's working
@@ -127,10 +128,10 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
     for (path, absolute) in &mirrored {
         layout
             .inputs
-            .push((relative_to_root(absolute), path.to_path_buf()));
+            .push((relative_to_root(absolute).into(), (*path).into()));
     }
     let shard = layout.in_working_directory(SHARD_NAME);
-    layout.inputs.push((shard, job.index_shard().to_owned()));
+    layout.inputs.push((shard.into(), job.index_shard().into()));
     layout.rename(job.index_shard(), SHARD_NAME.to_owned());
     let absolute_common = job_file
         .common_inputs
@@ -146,47 +147,52 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
 /// shard rewritten to those names, fixed names for everything else.
 ///
 /// The rewrite's digest is remembered in `memo` (a derived digest of the digest cache), keyed by
-/// everything the rewrite is a function of: the shard's bytes, the job's modules (path and digest,
-/// in job order) and [`REWRITE_VERSION`]. When it is known, the shard is not rewritten: its bytes
-/// are made only if the action must be uploaded (a cache miss), and checked against that digest.
+/// everything the rewrite is a function of: the shard's digest, the job's modules (path and
+/// digest, in job order) and [`REWRITE_VERSION`]. When it is known, the shard is not even read:
+/// its rewrite is made only if the action must be uploaded (a cache miss), and checked against
+/// that digest.
 pub fn canonical(
     job_file: &JobFile,
     job: &Job,
     digests: &FileDigests,
     memo: &DigestCache,
 ) -> Result<Layout, NotRemotable> {
-    let bytes = std::fs::read(job.index_shard())
-        .map_err(|e| unreadable(job.index_shard(), e.to_string()))?;
+    let not_hashed = |path: &Path| NotRemotable {
+        cause: "planning",
+        detail: format!("{} was not hashed", path.display()),
+    };
+    let shard_digest = &digests
+        .get(job.index_shard())
+        .ok_or_else(|| not_hashed(job.index_shard()))?
+        .digest;
     // The job's modules, each to be claimed by exactly one shard entry.
-    let modules: Vec<&Path> = std::iter::once(job.module())
-        .chain(job.imports().iter().map(PathBuf::as_path))
-        .collect();
-    let infos: Vec<&FileInfo> = modules
-        .iter()
-        .map(|module| {
-            digests.get(module).ok_or_else(|| NotRemotable {
-                cause: "planning",
-                detail: format!("{} was not hashed", module.display()),
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let modules = &job.inputs[..];
+    let mut infos: Vec<&FileInfo> = Vec::with_capacity(modules.len() - 1);
+    for module in std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path)) {
+        infos.push(digests.get(module).ok_or_else(|| not_hashed(module))?);
+    }
     let names = content_names(&infos);
     let hashes: Vec<Option<[u32; 5]>> = infos.iter().map(|info| info.module_hash).collect();
-    let key = rewrite_key(&bytes, &modules, &infos);
+    let key = rewrite_key(shard_digest, job, &infos);
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
-    for (name, module) in names.iter().zip(&modules) {
-        layout.inputs.push((name.clone(), module.to_path_buf()));
+    layout
+        .inputs
+        .reserve(infos.len() + job_file.common_inputs.len());
+    for (name, info) in names.iter().zip(&infos) {
+        layout.inputs.push((name.clone(), info.local.clone()));
     }
-    layout.rename(job.module(), names[0].clone());
+    layout.rename(job.module(), names[0].to_string());
     let shard = match memo.derived(&key) {
         Some(digest) => {
-            let shard_path = job.index_shard().to_owned();
-            let modules: Vec<PathBuf> = modules.iter().map(|m| m.to_path_buf()).collect();
+            let inputs = job.inputs.clone();
             let expected = digest.clone();
             let make = move || {
-                let modules: Vec<&Path> = modules.iter().map(PathBuf::as_path).collect();
-                let rewritten = rewrite(&bytes, &shard_path, &modules, &hashes, &names)
+                let shard_path = &inputs[1];
+                let bytes = std::fs::read(shard_path).map_err(|e| {
+                    format!("cannot read the index shard {}: {e}", shard_path.display())
+                })?;
+                let rewritten = rewrite(&bytes, shard_path, &module_list(&inputs), &hashes, &names)
                     .map_err(|e| e.detail)?;
                 if digest::of_bytes(&rewritten) != expected {
                     return Err(format!(
@@ -204,7 +210,17 @@ pub fn canonical(
             }
         }
         None => {
-            let rewritten = rewrite(&bytes, job.index_shard(), &modules, &hashes, &names)?;
+            let shard_path = job.index_shard();
+            let bytes =
+                std::fs::read(shard_path).map_err(|e| unreadable(shard_path, e.to_string()))?;
+            // The key names the content that was hashed: what is rewritten must be that.
+            if digest::of_bytes(&bytes) != *shard_digest {
+                return Err(unreadable(
+                    shard_path,
+                    "it changed while the link ran".to_owned(),
+                ));
+            }
+            let rewritten = rewrite(&bytes, shard_path, &module_list(modules), &hashes, &names)?;
             let digest = digest::of_bytes(&rewritten);
             memo.remember_derived(key, digest.clone());
             Generated {
@@ -221,12 +237,21 @@ pub fn canonical(
     Ok(layout)
 }
 
+/// The modules of a job's `inputs` (the module, then its imports; not the index shard).
+fn module_list(inputs: &[PathBuf]) -> Vec<&Path> {
+    std::iter::once(&inputs[0])
+        .chain(&inputs[2..])
+        .map(PathBuf::as_path)
+        .collect()
+}
+
 /// Names the shard rewrite's output differently whenever the rewrite changes what it makes for the
 /// same inputs, so that no remembered digest outlives the code that made it.
 const REWRITE_VERSION: &str = "dtlto-reapi shard rewrite 1";
 
-/// The memo key of a shard rewrite: a SHA-256 of its version, the shard and the job's modules.
-fn rewrite_key(shard: &[u8], modules: &[&Path], infos: &[&FileInfo]) -> String {
+/// The memo key of a shard rewrite: a SHA-256 of its version, the shard's digest and the job's
+/// modules (path and digest, `infos` in the order of `job`'s module and imports).
+fn rewrite_key(shard: &Digest, job: &Job, infos: &[&FileInfo]) -> String {
     use sha2::Digest as _;
     let mut hasher = sha2::Sha256::new();
     let mut field = |bytes: &[u8]| {
@@ -234,8 +259,11 @@ fn rewrite_key(shard: &[u8], modules: &[&Path], infos: &[&FileInfo]) -> String {
         hasher.update(bytes);
     };
     field(REWRITE_VERSION.as_bytes());
-    field(shard);
-    for (module, info) in modules.iter().zip(infos) {
+    field(b"shard digest");
+    field(shard.hash.as_bytes());
+    field(&shard.size_bytes.to_le_bytes());
+    let modules = std::iter::once(job.module()).chain(job.imports().iter().map(PathBuf::as_path));
+    for (module, info) in modules.zip(infos) {
         field(module.as_os_str().as_encoded_bytes());
         field(info.digest.hash.as_bytes());
         field(&info.digest.size_bytes.to_le_bytes());
@@ -253,18 +281,23 @@ fn unreadable(shard: &Path, what: String) -> NotRemotable {
 /// Content-derived names; identical files at different paths get a suffix. The job's own module
 /// is named first, so it always gets the plain name; which of its identical twins gets which
 /// suffix cannot matter, as they have the same content.
-fn content_names(infos: &[&FileInfo]) -> Vec<String> {
-    let mut names = Vec::with_capacity(infos.len());
-    let mut used: HashMap<&str, usize> = HashMap::with_capacity(infos.len());
-    for info in infos {
-        let hash = info.digest.hash.as_str();
-        let seen = used.entry(hash).or_insert(0);
-        names.push(if *seen == 0 {
-            format!("{hash}.o")
+fn content_names(infos: &[&FileInfo]) -> Vec<Arc<str>> {
+    let mut names: Vec<Arc<str>> = infos.iter().map(|info| info.content_name.clone()).collect();
+    if !infos.iter().any(|info| info.has_twin) {
+        return names;
+    }
+    // Twins are rare: find them by sorting by content, in job order among equals.
+    let hash = |i: usize| infos[i].digest.hash.as_str();
+    let mut order: Vec<usize> = (0..infos.len()).collect();
+    order.sort_unstable_by(|&a, &b| (hash(a), a).cmp(&(hash(b), b)));
+    let mut twin = 0;
+    for pair in order.windows(2) {
+        if hash(pair[0]) == hash(pair[1]) {
+            twin += 1;
+            names[pair[1]] = format!("{}-{twin}.o", hash(pair[1])).into();
         } else {
-            format!("{hash}-{seen}.o")
-        });
-        *seen += 1;
+            twin = 0;
+        }
     }
     names
 }
@@ -276,7 +309,7 @@ fn rewrite(
     shard_path: &Path,
     modules: &[&Path],
     hashes: &[Option<[u32; 5]>],
-    names: &[String],
+    names: &[Arc<str>],
 ) -> Result<Vec<u8>, NotRemotable> {
     let unreadable = |what: String| unreadable(shard_path, what);
     // Read once, for matching and for the rewrite.
@@ -326,7 +359,7 @@ fn rewrite(
     shard
         .canonicalize(|_| {
             next.next()
-                .map(|&i| names[i].clone().into_bytes())
+                .map(|&i| names[i].as_bytes().to_vec())
                 .unwrap_or_default()
         })
         .map_err(|e| unreadable(e.to_string()))
@@ -375,8 +408,10 @@ impl Layout {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let name = format!("{RESERVED_DIR}/common-{i}/{file_name}");
-            self.inputs
-                .push((self.in_working_directory(&name), path.clone()));
+            self.inputs.push((
+                self.in_working_directory(&name).into(),
+                path.as_path().into(),
+            ));
             self.rename(path, name);
         }
     }
@@ -417,9 +452,9 @@ mod tests {
             common_inputs: common.iter().map(PathBuf::from).collect(),
             jobs: vec![Job {
                 index: 0,
-                args: vec![],
+                args: vec![].into(),
                 inputs: inputs.iter().map(PathBuf::from).collect(),
-                outputs: vec!["out/t1.1.77.native.o".into()],
+                outputs: vec!["out/t1.1.77.native.o".into()].into(),
             }],
         }
     }
@@ -432,7 +467,7 @@ mod tests {
         );
         let layout = mirror(&file, &file.jobs[0], Path::new("/home/u/proj/build")).unwrap();
         assert_eq!(layout.working_directory, "build");
-        let inputs: Vec<&str> = layout.inputs.iter().map(|(p, _)| p.as_str()).collect();
+        let inputs: Vec<&str> = layout.inputs.iter().map(|(p, _)| &**p).collect();
         assert_eq!(
             inputs,
             [
@@ -526,9 +561,9 @@ mod tests {
             common_inputs: vec![],
             jobs: vec![Job {
                 index: 0,
-                args,
-                inputs,
-                outputs: vec![output],
+                args: args.into(),
+                inputs: inputs.into(),
+                outputs: vec![output].into(),
             }],
         };
         let job = &file.jobs[0];
@@ -563,7 +598,11 @@ mod tests {
         .0;
         assert_eq!(first.kind, LayoutKind::Canonical);
         let names = |layout: &Layout| -> Vec<String> {
-            layout.inputs.iter().map(|(name, _)| name.clone()).collect()
+            layout
+                .inputs
+                .iter()
+                .map(|(name, _)| name.to_string())
+                .collect()
         };
         assert_eq!(names(&first), names(&second));
         assert_eq!(first.generated[0].digest, second.generated[0].digest);
@@ -573,6 +612,52 @@ mod tests {
                 .all(|n| n.len() == 66 && n.ends_with(".o")),
             "{:?}",
             names(&first)
+        );
+    }
+
+    #[test]
+    fn identical_modules_get_numbered_names_in_job_order() {
+        let info = |content: &[u8], path: &str| {
+            let digest = digest::of_bytes(content);
+            FileInfo {
+                local: Path::new(path).into(),
+                content_name: format!("{}.o", digest.hash).into(),
+                has_twin: true,
+                part: Arc::new(super::super::digests::InputPart {
+                    path: path.into(),
+                    digest: String::new(),
+                }),
+                digest,
+                executable: false,
+                module_hash: None,
+            }
+        };
+        let files = [
+            info(b"a", "m.o"),
+            info(b"b", "x.o"),
+            info(b"a", "y.o"),
+            info(b"c", "z.o"),
+            info(b"a", "w.o"),
+        ];
+        let infos: Vec<&FileInfo> = files.iter().collect();
+        let (a, b, c) = (
+            digest::of_bytes(b"a").hash,
+            digest::of_bytes(b"b").hash,
+            digest::of_bytes(b"c").hash,
+        );
+        let names: Vec<String> = content_names(&infos)
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                format!("{a}.o"),
+                format!("{b}.o"),
+                format!("{a}-1.o"),
+                format!("{c}.o"),
+                format!("{a}-2.o")
+            ]
         );
     }
 
@@ -600,14 +685,14 @@ mod tests {
         assert_eq!(&deferred.make(&made.digest).unwrap(), bytes);
 
         // A digest remembered wrongly is caught when the bytes are made, never uploaded.
-        let shard = std::fs::read(job.index_shard()).unwrap();
-        let modules: Vec<&Path> = std::iter::once(job.module())
-            .chain(job.imports().iter().map(PathBuf::as_path))
+        let shard = &digests.get(job.index_shard()).unwrap().digest;
+        let infos: Vec<&FileInfo> = module_list(&job.inputs)
+            .into_iter()
+            .map(|m| &**digests.get(m).unwrap())
             .collect();
-        let infos: Vec<&FileInfo> = modules.iter().map(|m| digests.get(m).unwrap()).collect();
         let wrong = DigestCache::open(None);
         let other = digest::of_bytes(b"something else");
-        wrong.remember_derived(rewrite_key(&shard, &modules, &infos), other.clone());
+        wrong.remember_derived(rewrite_key(shard, job, &infos), other.clone());
         let layout = canonical(&file, job, &digests, &wrong).unwrap();
         let BlobSource::Deferred(deferred) = &layout.generated[0].source else {
             panic!("not deferred");
@@ -685,14 +770,15 @@ mod tests {
             let file = job_file(&inputs, &common);
             let cwd = if cwd.is_empty() { "/".to_owned() } else { cwd };
             if let Ok(layout) = mirror(&file, &file.jobs[0], Path::new(&cwd)) {
-                let entries = layout.inputs.iter().map(|(path, _)| {
-                    let file = super::super::merkle::TreeFile {
-                        digest: crate::reapi::digest::of_bytes(path.as_bytes()),
-                        executable: false,
-                    };
-                    (path.clone(), file)
+                let digests: Vec<_> = layout
+                    .inputs
+                    .iter()
+                    .map(|(path, _)| crate::reapi::digest::of_bytes(path.as_bytes()))
+                    .collect();
+                let entries = layout.inputs.iter().zip(&digests).map(|((path, _), digest)| {
+                    super::super::merkle::TreeEntry { path, digest, executable: false }
                 });
-                let _ = super::super::merkle::build_tree(entries);
+                let _ = super::super::merkle::build_tree(entries.collect());
             }
         }
     }

@@ -53,25 +53,22 @@ pub struct Planner {
 impl Planner {
     /// Resolves the compiler and hashes every input file of the link (on blocking threads, `--jobs`
     /// at once), remembering the digests of both across links in the digest cache.
-    /// Every Action runs with `environment`; the link runs in `cwd`. `legacy_output_files` is for
-    /// servers older than REAPI 2.1.
+    /// Every Action runs with `environment`; the link runs in `cwd`. Actions name their outputs
+    /// in REAPI 2.1's `output_paths` until [`Planner::use_legacy_output_files`] (the server is
+    /// known only once connected, which a link does while this hashes).
     pub async fn new(
         job_file: Arc<JobFile>,
         settings: &Settings,
         environment: Arc<Environment>,
         cwd: PathBuf,
-        legacy_output_files: bool,
     ) -> Result<Planner> {
         let cache_file = DigestCache::default_file();
-        Planner::with_digest_cache(
-            job_file,
-            settings,
-            environment,
-            cwd,
-            legacy_output_files,
-            cache_file,
-        )
-        .await
+        Planner::with_digest_cache(job_file, settings, environment, cwd, false, cache_file).await
+    }
+
+    /// Actions name their outputs in the pre-2.1 `output_files` field, for older servers.
+    pub fn use_legacy_output_files(&mut self) {
+        self.options.legacy_output_files = true;
     }
 
     /// [`Planner::new`] with the digest cache kept in `cache_file` (`None`: in memory only).
@@ -270,7 +267,7 @@ fn with_named_files(job_file: Arc<JobFile>, cwd: &Path) -> (Arc<JobFile>, Option
         let mut files = job_file
             .common_inputs
             .iter()
-            .chain(jobs.flat_map(|j| j.inputs.iter().chain(&j.outputs)));
+            .chain(jobs.flat_map(|j| j.inputs.iter().chain(j.outputs.iter())));
         files.any(|file| file.as_os_str() == path)
     };
     match args::named_files(&job_file.common_args[1..], cwd, listed) {

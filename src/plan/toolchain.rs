@@ -34,7 +34,7 @@ use object::read::elf::{ElfFile64, FileHeader, ProgramHeader};
 use object::{Endianness, ReadCache};
 
 use super::environment::Environment;
-use super::merkle::{TreeFile, build_tree};
+use super::merkle::{TreeEntry, build_tree};
 use super::options::ToolchainMode;
 use crate::cache::DigestCache;
 use crate::platform;
@@ -197,13 +197,16 @@ impl Toolchain {
                 executable: executable || platform::executable_bit(&meta),
             });
         }
-        let tree = build_tree(files.iter().map(|f| {
-            let file = TreeFile {
-                digest: f.digest.clone(),
-                executable: f.executable,
-            };
-            (f.path.clone(), file)
-        }))?;
+        let tree = build_tree(
+            files
+                .iter()
+                .map(|f| TreeEntry {
+                    path: &f.path,
+                    digest: &f.digest,
+                    executable: f.executable,
+                })
+                .collect(),
+        )?;
         let identity = ToolchainIdentity {
             mode,
             digest: tree.root_digest,
