@@ -105,13 +105,14 @@ fn follow(state: watch::Receiver<History>, from: usize) -> OperationStream {
 
 /// `operations` with the output files named in `wanted` inlined in the done Operation's result,
 /// as long as they fit in one batch together (a client fetches the others from the CAS). Inlined
-/// contents are a read of the blob, so `--fault-corrupt-reads` applies to them.
+/// contents are a read of the blob, so `--fault-corrupt-reads` applies to them; with the faults
+/// of ByteStream reads nothing is inlined, so that those reads happen.
 fn inlining(
     context: Arc<Context>,
     operations: OperationStream,
     wanted: Vec<String>,
 ) -> OperationStream {
-    if wanted.is_empty() {
+    if wanted.is_empty() || context.hostile.spoils_reads() {
         return operations;
     }
     let wanted = Arc::new(wanted);
