@@ -406,9 +406,9 @@ impl DigestCache {
 
     /// The digest of the file at `path` and its metadata: remembered, or hashed and remembered.
     pub fn digest_of(&self, path: &Path) -> std::io::Result<(Digest, Metadata)> {
-        let known = self.get_or_read(path, |file, _| {
+        let known = self.get_or_read(path, |file, meta| {
             Ok(Remembered {
-                digest: digest::of_reader(file)?,
+                digest: digest::of_reader(file, meta.len())?,
                 module_hash: None,
             })
         })?;
