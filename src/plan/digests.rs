@@ -164,7 +164,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
         .get_or_read(path, |file, meta| {
             if meta.len() > READ_WHOLE_LIMIT {
                 return Ok(Remembered {
-                    digest: digest::of_reader(file)?,
+                    digest: digest::of_reader(file, meta.len())?,
                     module_hash: None,
                 });
             }
