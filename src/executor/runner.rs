@@ -28,10 +28,6 @@ use crate::trace::{self, LinkTrack};
 /// and stored in the disk cache after success.
 pub struct Runner {
     planner: Option<Arc<Planner>>,
-    /// Plans at once: as many as `--jobs` (it is CPU work). Each plan is a trip to the blocking
-    /// pool, and unbounded, the `--remote-jobs` jobs that start together kept as many threads
-    /// (and glibc arenas) alive: at 50,000 jobs, ~80 MB of RSS.
-    planning: Arc<tokio::sync::Semaphore>,
     remote: Option<RemoteExecutor>,
     disk: Option<DiskCacheStep>,
     local: LocalRunner,
@@ -110,7 +106,6 @@ impl Runner {
             });
         Runner {
             planner,
-            planning: Arc::new(tokio::sync::Semaphore::new(settings.jobs.max(1))),
             remote,
             disk,
             local,
@@ -209,7 +204,6 @@ impl Runner {
     /// results by Actions.
     async fn plan(&self, ctx: &RunContext, job: &Job) -> Option<ActionSpec> {
         let planner = self.planner.clone()?;
-        let _slot = self.planning.acquire().await.ok()?;
         let _phase = trace::phase("plan");
         let (ctx, job) = (ctx.clone(), job.clone());
         let planned = tokio::task::spawn_blocking(move || {
