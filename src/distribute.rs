@@ -49,6 +49,7 @@ async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         job_file.jobs.len(),
         settings.quiet,
         settings.verbose,
+        settings.stats_json.is_some(),
     ));
     let ctx = RunContext {
         job_file: job_file.clone(),

@@ -32,19 +32,66 @@ pub struct RunTotals<'a> {
     pub degraded: Option<Degraded>,
 }
 
-/// Collects job records and prints on stderr.
+/// Counts finished jobs for the summary line, collects their records for `--stats-json`, and
+/// prints on stderr.
 pub struct Reporter {
     quiet: bool,
     verbose: bool,
     progress: Option<ProgressBar>,
     started: Instant,
-    records: Mutex<Vec<JobRecord>>,
+    tally: Mutex<Tally>,
+    /// Every job's record, kept only when `--stats-json` will write them: at 50,000 jobs they are
+    /// tens of MB that the summary line does not need.
+    records: Option<Mutex<Vec<JobRecord>>>,
     warned: Mutex<HashSet<String>>,
 }
 
+/// What the summary line says of the jobs.
+#[derive(Debug, Default)]
+struct Tally {
+    jobs: usize,
+    failed: usize,
+    cancelled: usize,
+    not_started: usize,
+    /// Where the jobs that ran to an end ran (cancelled ones are counted above).
+    disk_cache: usize,
+    action_cache: usize,
+    remote: usize,
+    local: usize,
+    local_wins: usize,
+    remote_wins: usize,
+}
+
+impl Tally {
+    fn add(&mut self, record: &JobRecord) {
+        self.jobs += 1;
+        match record.status {
+            Status::Failed => self.failed += 1,
+            Status::Cancelled => self.cancelled += 1,
+            Status::NotStarted => self.not_started += 1,
+            Status::Succeeded => {}
+        }
+        if matches!(record.status, Status::Succeeded | Status::Failed) {
+            match record.ran {
+                Ran::DiskCache => self.disk_cache += 1,
+                Ran::ActionCache => self.action_cache += 1,
+                Ran::Remote => self.remote += 1,
+                Ran::Local => self.local += 1,
+                Ran::NotStarted => {}
+            }
+        }
+        match record.race.as_ref().and_then(|race| race.winner) {
+            Some(Side::Local) => self.local_wins += 1,
+            Some(Side::Remote) => self.remote_wins += 1,
+            None => {}
+        }
+    }
+}
+
 impl Reporter {
-    /// `total` is the number of jobs, for the progress bar.
-    pub fn new(total: usize, quiet: bool, verbose: bool) -> Reporter {
+    /// `total` is the number of jobs, for the progress bar; `keep_records` when `--stats-json`
+    /// will want them.
+    pub fn new(total: usize, quiet: bool, verbose: bool, keep_records: bool) -> Reporter {
         let progress = (!quiet && std::io::stderr().is_terminal() && total > 0).then(|| {
             let bar =
                 ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
@@ -60,7 +107,8 @@ impl Reporter {
             verbose,
             progress,
             started: Instant::now(),
-            records: Mutex::new(Vec::new()),
+            tally: Mutex::new(Tally::default()),
+            records: keep_records.then(|| Mutex::new(Vec::new())),
             warned: Mutex::new(HashSet::new()),
         }
     }
@@ -114,7 +162,10 @@ impl Reporter {
         if let Some(bar) = &self.progress {
             bar.inc(1);
         }
-        if let Ok(mut records) = self.records.lock() {
+        if let Ok(mut tally) = self.tally.lock() {
+            tally.add(&record);
+        }
+        if let Some(Ok(mut records)) = self.records.as_ref().map(Mutex::lock) {
             records.push(record);
         }
     }
@@ -130,13 +181,12 @@ impl Reporter {
         }
     }
 
-    /// The records (taken: the run is over), in job-file order.
+    /// The records (taken: the run is over), in job-file order; none unless kept.
     fn take_records(&self) -> Vec<JobRecord> {
-        let mut records = self
-            .records
-            .lock()
-            .map(|mut r| std::mem::take(&mut *r))
-            .unwrap_or_default();
+        let mut records = match self.records.as_ref().map(Mutex::lock) {
+            Some(Ok(mut records)) => std::mem::take(&mut *records),
+            _ => Vec::new(),
+        };
         records.sort_by_key(|r| r.index);
         records
     }
@@ -152,10 +202,10 @@ impl Reporter {
             bar.finish_and_clear();
         }
         let wall = self.started.elapsed();
-        let records = self.take_records();
+        let tally = self.tally.lock().map(|mut t| std::mem::take(&mut *t));
         let toolchain_up = totals.toolchain.as_ref().map_or(0, |t| t.bytes_uploaded);
         self.line(&summary_line(
-            &records,
+            &tally.unwrap_or_default(),
             totals.transfers.as_ref(),
             toolchain_up,
             totals.degraded.as_ref(),
@@ -171,7 +221,7 @@ impl Reporter {
                 toolchain: totals.toolchain.clone(),
                 inputs: totals.inputs,
                 degraded: totals.degraded.clone(),
-                jobs: records,
+                jobs: self.take_records(),
             };
             let path = per_link_file(path, job_file, "stats");
             crate::staging::write_atomically_with(&path, |out| {
@@ -201,55 +251,35 @@ pub fn per_link_file(path: &Path, job_file: &Path, kind: &str) -> PathBuf {
 /// `, 185.3 MB toolchain up` after the modules' upload when the compiler was uploaded, and
 /// `; on the wire 0.6 MB up, 1.1 MB down` after the logical bytes when they differ (compression).
 fn summary_line(
-    records: &[JobRecord],
+    tally: &Tally,
     transfers: Option<&TransferStats>,
     toolchain_up: u64,
     degraded: Option<&Degraded>,
     wall: Duration,
 ) -> String {
-    let count = |status: Status| records.iter().filter(|r| r.status == status).count();
-    // Where the jobs that ran to an end ran; cancelled ones are counted above.
-    let ran = |ran: Ran| {
-        records
-            .iter()
-            .filter(|r| r.ran == ran && matches!(r.status, Status::Succeeded | Status::Failed))
-            .count()
-    };
     let mut parts = vec![
-        format!("{} jobs", records.len()),
-        format!("{} failed", count(Status::Failed)),
+        format!("{} jobs", tally.jobs),
+        format!("{} failed", tally.failed),
     ];
-    for (status, name) in [
-        (Status::Cancelled, "cancelled"),
-        (Status::NotStarted, "not started"),
+    for (n, name) in [
+        (tally.cancelled, "cancelled"),
+        (tally.not_started, "not started"),
     ] {
-        let n = count(status);
         if n > 0 {
             parts.push(format!("{n} {name}"));
         }
     }
     let mut detail = Vec::new();
-    let disk_hits = ran(Ran::DiskCache);
-    if disk_hits > 0 {
-        detail.push(format!("{disk_hits} disk-cache hits"));
+    if tally.disk_cache > 0 {
+        detail.push(format!("{} disk-cache hits", tally.disk_cache));
     }
     if transfers.is_some() {
-        detail.push(format!("{} cache hits", ran(Ran::ActionCache)));
-        detail.push(format!("{} remote", ran(Ran::Remote)));
+        detail.push(format!("{} cache hits", tally.action_cache));
+        detail.push(format!("{} remote", tally.remote));
     }
-    detail.push(format!("{} local", ran(Ran::Local)));
+    detail.push(format!("{} local", tally.local));
     let mut detail = detail.join(", ");
-    let won = |side: Side| {
-        records
-            .iter()
-            .filter(|r| {
-                r.race
-                    .as_ref()
-                    .is_some_and(|race| race.winner == Some(side))
-            })
-            .count()
-    };
-    let (local_wins, remote_wins) = (won(Side::Local), won(Side::Remote));
+    let (local_wins, remote_wins) = (tally.local_wins, tally.remote_wins);
     if local_wins + remote_wins > 0 {
         detail.push_str(&format!(
             "; races won {local_wins} local, {remote_wins} remote"
@@ -320,8 +350,13 @@ mod tests {
             JobRecord::new(&job, Status::Failed, Ran::Local, Duration::ZERO),
             JobRecord::new(&job, Status::NotStarted, Ran::NotStarted, Duration::ZERO),
         ];
+        let tally = |records: &[JobRecord]| {
+            let mut tally = Tally::default();
+            records.iter().for_each(|r| tally.add(r));
+            tally
+        };
         assert_eq!(
-            summary_line(&records, None, 0, None, Duration::from_millis(1500)),
+            summary_line(&tally(&records), None, 0, None, Duration::from_millis(1500)),
             "dtlto-reapi: 3 jobs, 1 failed, 1 not started (2 local) in 1.50 s"
         );
         let mut transfers = TransferStats {
@@ -331,7 +366,7 @@ mod tests {
         };
         assert_eq!(
             summary_line(
-                &records,
+                &tally(&records),
                 Some(&transfers),
                 0,
                 None,
@@ -342,7 +377,7 @@ mod tests {
         // Toolchain bytes are counted apart from the modules'.
         assert_eq!(
             summary_line(
-                &records,
+                &tally(&records),
                 Some(&transfers),
                 1_000_000,
                 None,
@@ -353,7 +388,7 @@ mod tests {
         transfers.wire_bytes_uploaded = 700_000;
         assert!(
             summary_line(
-                &records,
+                &tally(&records),
                 Some(&transfers),
                 0,
                 None,
@@ -370,8 +405,14 @@ mod tests {
             });
         }
         assert!(
-            summary_line(&raced, Some(&transfers), 0, None, Duration::from_millis(10))
-                .contains("2 local; races won 1 local, 0 remote; 1.5 MB up")
+            summary_line(
+                &tally(&raced),
+                Some(&transfers),
+                0,
+                None,
+                Duration::from_millis(10)
+            )
+            .contains("2 local; races won 1 local, 0 remote; 1.5 MB up")
         );
         // The switch to local mode.
         let degraded = Degraded {
@@ -379,7 +420,7 @@ mod tests {
             local_jobs: 9,
         };
         let line = summary_line(
-            &raced,
+            &tally(&raced),
             Some(&transfers),
             0,
             Some(&degraded),

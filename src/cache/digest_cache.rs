@@ -15,8 +15,10 @@
 //! another user or can be written by group or others, it is neither read nor written (another user
 //! could make it name wrong contents for files), and [`DigestCache::untrusted`] says why, once.
 //!
-//! The map is one text file of lines, each carrying a checksum of itself. A link loads it whole and
-//! *appends* what it added (one `write` of its new lines, in append mode), so a relink that hashed
+//! The map is one text file of lines, each carrying a checksum of itself. A link reads it whole but
+//! only indexes it (a hash of each line's key, where the line is): a line is checked and parsed when
+//! the link looks its file up, so opening costs little per line, and a one-job relink does not parse
+//! the entries of every project the cache knows. A link *appends* what it added (one `write` of its new lines, in append mode), so a relink that hashed
 //! nothing writes nothing, and one that hashed a few files writes a few lines, however big the cache.
 //! A later line for the same file version supersedes an earlier one. Lines that are torn (a link
 //! killed while writing, a full disk) or interleaved (appends over NFS) fail their checksum and are
@@ -134,6 +136,16 @@ impl FileKey {
         .into_bytes();
         line.extend_from_slice(path);
         Some(line)
+    }
+
+    /// The hash [`Unparsed`] indexes this key's lines by: of the stamp's fields as
+    /// [`FileKey::to_line`] writes them, and of the path.
+    fn hash(&self) -> u64 {
+        let stamp = format!(
+            "{} {} {} {} {}",
+            self.device, self.inode, self.size, self.mtime_ns, self.ctime_ns
+        );
+        key_hash(stamp.as_bytes(), self.path.as_os_str().as_encoded_bytes())
     }
 
     fn from_line(line: &[u8]) -> Option<(FileKey, Entry)> {
@@ -259,6 +271,8 @@ pub struct DigestCache {
     entries: Mutex<HashMap<FileKey, Entry>>,
     /// Derived digests by the hex hash of what they derive from.
     derived: Mutex<HashMap<String, Entry>>,
+    /// The file's lines not yet looked up (and so not in `entries` or `derived`).
+    unparsed: Mutex<Unparsed>,
     /// Lines in the file as this process last read or wrote it; None when it has no lines of this
     /// format (missing, foreign or older), so the next save writes it whole.
     lines: Mutex<Option<usize>>,
@@ -286,22 +300,19 @@ impl DigestCache {
     pub fn open(file: Option<PathBuf>) -> DigestCache {
         let untrusted = file.as_deref().and_then(untrusted);
         let file = file.filter(|_| untrusted.is_none());
-        let Parsed {
-            entries,
-            derived,
-            lines,
-        } = file
+        let (unparsed, lines) = file
             .as_ref()
             .and_then(|file| std::fs::read(file).ok())
-            .map(|bytes| parse(&bytes))
+            .map(Unparsed::index)
             .unwrap_or_default();
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         DigestCache {
             file,
-            entries: Mutex::new(entries),
-            derived: Mutex::new(derived),
+            entries: Mutex::default(),
+            derived: Mutex::default(),
+            unparsed: Mutex::new(unparsed),
             lines: Mutex::new(lines),
             changed: AtomicBool::new(false),
             now,
@@ -361,8 +372,12 @@ impl DigestCache {
 
     /// What is remembered of `path`, if it has not changed since.
     fn lookup(&self, path: &Path, stamped: &(Stamp, Metadata)) -> Option<Remembered> {
+        let key = FileKey::new(path, stamped);
         let mut entries = self.entries.lock().ok()?;
-        let entry = entries.get_mut(&FileKey::new(path, stamped))?;
+        if !entries.contains_key(&key) {
+            self.unparsed.lock().ok()?.parse_file(&key, &mut entries);
+        }
+        let entry = entries.get_mut(&key)?;
         if entry.used(self.now) {
             self.changed.store(true, Ordering::Relaxed);
         }
@@ -406,9 +421,9 @@ impl DigestCache {
 
     /// The digest of the file at `path` and its metadata: remembered, or hashed and remembered.
     pub fn digest_of(&self, path: &Path) -> std::io::Result<(Digest, Metadata)> {
-        let known = self.get_or_read(path, |file, _| {
+        let known = self.get_or_read(path, |file, meta| {
             Ok(Remembered {
-                digest: digest::of_reader(file)?,
+                digest: digest::of_reader(file, meta.len())?,
                 module_hash: None,
             })
         })?;
@@ -419,6 +434,9 @@ impl DigestCache {
     /// everything the content is a function of, the deriving code's version included) names.
     pub fn derived(&self, key: &str) -> Option<Digest> {
         let mut derived = self.derived.lock().ok()?;
+        if !derived.contains_key(key) {
+            self.unparsed.lock().ok()?.parse_derived(key, &mut derived);
+        }
         let entry = derived.get_mut(key)?;
         if entry.used(self.now) {
             self.changed.store(true, Ordering::Relaxed);
@@ -433,6 +451,9 @@ impl DigestCache {
                 digest,
                 module_hash: None,
             };
+            if let Ok(mut unparsed) = self.unparsed.lock() {
+                unparsed.derived.remove(&key_hash(key.as_bytes(), b""));
+            }
             derived.insert(key, Entry::new(remembered, self.now));
             self.changed.store(true, Ordering::Relaxed);
         }
@@ -441,6 +462,9 @@ impl DigestCache {
     /// Remembers `remembered` as the content of the file version `key` describes.
     fn insert(&self, key: FileKey, remembered: Remembered) {
         if let Ok(mut entries) = self.entries.lock() {
+            if let Ok(mut unparsed) = self.unparsed.lock() {
+                unparsed.files.remove(&key.hash());
+            }
             entries.insert(key, Entry::new(remembered, self.now));
             self.changed.store(true, Ordering::Relaxed);
         }
@@ -454,10 +478,11 @@ impl DigestCache {
         if !self.changed.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
-        let (Some(file), Ok(mut entries), Ok(mut derived), Ok(mut lines)) = (
+        let (Some(file), Ok(mut entries), Ok(mut derived), Ok(unparsed), Ok(mut lines)) = (
             &self.file,
             self.entries.lock(),
             self.derived.lock(),
+            self.unparsed.lock(),
             self.lines.lock(),
         ) else {
             return Ok(());
@@ -466,11 +491,14 @@ impl DigestCache {
             .filter_map(file_line)
             .chain((derived.iter().filter(|(_, e)| !e.saved)).map(derived_line))
             .collect::<Vec<_>>();
-        let live = entries.len() + derived.len();
+        // Keys of lines not looked up count as one each (a hash collision makes that one fewer).
+        let files = entries.len() + unparsed.files.len();
+        let derived_count = derived.len() + unparsed.derived.len();
+        drop(unparsed);
         let appendable = lines.is_some_and(|lines| {
-            lines + unsaved.len() <= 2 * live + COMPACT_SLACK
-                && entries.len() <= MAX_ENTRIES
-                && derived.len() <= MAX_DERIVED
+            lines + unsaved.len() <= 2 * (files + derived_count) + COMPACT_SLACK
+                && files <= MAX_ENTRIES
+                && derived_count <= MAX_DERIVED
         });
         let written = if appendable && append(file, &unsaved).is_ok() {
             // And the newline the block starts with.
@@ -573,6 +601,99 @@ fn parse(bytes: &[u8]) -> Parsed {
     parsed
 }
 
+/// The lines of a cache file, indexed by a hash of their keys and parsed only when looked up.
+#[derive(Debug, Default)]
+struct Unparsed {
+    bytes: Vec<u8>,
+    /// File lines (byte ranges of `bytes`) by [`FileKey::hash`].
+    files: HashMap<u64, Vec<(usize, usize)>>,
+    /// Derived lines by the hash of their key.
+    derived: HashMap<u64, Vec<(usize, usize)>>,
+}
+
+impl Unparsed {
+    /// Indexes a cache file's bytes; with the lines after its header, None when it has no header
+    /// of this format. Checksums are checked when a line is looked up, not here.
+    fn index(bytes: Vec<u8>) -> (Unparsed, Option<usize>) {
+        let mut unparsed = Unparsed::default();
+        let Some(body) = bytes.strip_prefix(HEADER.as_bytes()) else {
+            return (unparsed, None);
+        };
+        let Some(body) = body.strip_prefix(b"\n") else {
+            return (unparsed, None);
+        };
+        let mut start = bytes.len() - body.len();
+        let mut lines = 0;
+        // A line without its newline (the last, cut short) is never trusted.
+        while let Some(length) = bytes[start..].iter().position(|&b| b == b'\n') {
+            let end = start + length;
+            lines += 1;
+            if let Some((index, hash)) = key_of(&bytes[start..end]) {
+                let index = if index {
+                    &mut unparsed.files
+                } else {
+                    &mut unparsed.derived
+                };
+                index.entry(hash).or_default().push((start, end));
+            }
+            start = end + 1;
+        }
+        unparsed.bytes = bytes;
+        (unparsed, Some(lines))
+    }
+
+    /// Parses the lines that may hold `key` into `entries` (every line of the same hash, once).
+    fn parse_file(&mut self, key: &FileKey, entries: &mut HashMap<FileKey, Entry>) {
+        for (start, end) in self.files.remove(&key.hash()).unwrap_or_default() {
+            if let Some((key, entry)) =
+                verified(&self.bytes[start..end]).and_then(FileKey::from_line)
+            {
+                merge_one(entries, key, entry);
+            }
+        }
+    }
+
+    /// Parses the lines that may hold the derived digest of `key` into `derived`.
+    fn parse_derived(&mut self, key: &str, derived: &mut HashMap<String, Entry>) {
+        for (start, end) in self
+            .derived
+            .remove(&key_hash(key.as_bytes(), b""))
+            .unwrap_or_default()
+        {
+            let parsed = verified(&self.bytes[start..end])
+                .and_then(|line| line.strip_prefix(DERIVED.as_bytes()))
+                .and_then(derived_from_line);
+            if let Some((key, entry)) = parsed {
+                merge_one(derived, key, entry);
+            }
+        }
+    }
+}
+
+/// Whether `line` (of a cache file) is a file's (else a derived digest's), and the hash of its key;
+/// None for a line of neither form.
+fn key_of(line: &[u8]) -> Option<(bool, u64)> {
+    let rest = line.get(CHECKSUM_DIGITS..)?.strip_prefix(b" ")?;
+    if let Some(rest) = rest.strip_prefix(DERIVED.as_bytes()) {
+        let key = rest.strip_prefix(b" ")?.split(|&b| b == b' ').next()?;
+        return Some((false, key_hash(key, b"")));
+    }
+    // `device inode size mtime ctime` (the stamp), 4 fields, the path.
+    let mut spaces = rest.iter().enumerate().filter(|(_, b)| **b == b' ');
+    let stamp_end = spaces.nth(4)?.0;
+    let path_start = spaces.nth(3)?.0 + 1;
+    Some((true, key_hash(&rest[..stamp_end], &rest[path_start..])))
+}
+
+/// The hash of a key made of two byte strings.
+fn key_hash(first: &[u8], second: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    first.hash(&mut hasher);
+    second.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// ` <key> <last-used> <hash> <size>` (after the `derived` word).
 fn derived_from_line(rest: &[u8]) -> Option<(String, Entry)> {
     let text = std::str::from_utf8(rest).ok()?;
@@ -652,6 +773,21 @@ fn untrusted(file: &Path) -> Option<String> {
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
+
+    impl DigestCache {
+        /// Every file entry, its file's lines all parsed.
+        fn into_entries(self) -> HashMap<FileKey, Entry> {
+            let mut entries = self.entries.into_inner().unwrap();
+            let unparsed = self.unparsed.into_inner().unwrap();
+            for (start, end) in unparsed.files.values().flatten() {
+                let line = &unparsed.bytes[*start..*end];
+                if let Some((key, entry)) = verified(line).and_then(FileKey::from_line) {
+                    merge_one(&mut entries, key, entry);
+                }
+            }
+            entries
+        }
+    }
 
     fn remembered(bytes: &[u8], module_hash: Option<[u32; 5]>) -> Remembered {
         Remembered {
@@ -756,21 +892,21 @@ mod tests {
     fn foreign_old_or_damaged_files_are_empty_caches() {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("file-digests");
-        let entries = |cache: &DigestCache| cache.entries.lock().unwrap().len();
+        let entries = |cache: DigestCache| cache.into_entries().len();
         std::fs::write(&store, b"something else\n1 2 3\n").unwrap();
-        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+        assert_eq!(entries(DigestCache::open(Some(store.clone()))), 0);
         std::fs::write(&store, [0xff, 0, 0x80, b'\n', 7]).unwrap();
-        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+        assert_eq!(entries(DigestCache::open(Some(store.clone()))), 0);
 
         // A version-1 file, whose lines lack the module hash and last use, and a version-2 file,
         // whose lines lack checksums, are empty caches.
         let hash = "a".repeat(64);
         let v1 = format!("dtlto-reapi digest cache v1\n1 2 3 4 5 {hash} 3 /p\n");
         std::fs::write(&store, v1).unwrap();
-        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+        assert_eq!(entries(DigestCache::open(Some(store.clone()))), 0);
         let v2 = format!("dtlto-reapi digest cache v2\n1 2 3 4 5 6 {hash} 3 - /p\n");
         std::fs::write(&store, v2).unwrap();
-        assert_eq!(entries(&DigestCache::open(Some(store.clone()))), 0);
+        assert_eq!(entries(DigestCache::open(Some(store.clone()))), 0);
 
         // Only the well-formed line whose digest size matches the file size survives: not one
         // with another size, a short or non-hex module hash, missing fields, a wrong checksum or
@@ -796,8 +932,7 @@ mod tests {
         ]
         .concat();
         std::fs::write(&store, &lines[..lines.len() - 1]).unwrap();
-        let cache = DigestCache::open(Some(store));
-        let entries = cache.entries.lock().unwrap();
+        let entries = DigestCache::open(Some(store)).into_entries();
         let mut paths: Vec<&Path> = entries.keys().map(|k| k.path.as_path()).collect();
         paths.sort();
         assert_eq!(paths, [Path::new("/p q"), Path::new("/u")]);
@@ -862,7 +997,7 @@ mod tests {
             checked(&key.to_line(&entry).unwrap()),
         ];
         assert_eq!(std::fs::read(&store).unwrap(), used.concat());
-        let reread = DigestCache::open(Some(store)).entries.into_inner().unwrap();
+        let reread = DigestCache::open(Some(store)).into_entries();
         assert_eq!(reread[&key].last_used, later.now);
     }
 
@@ -904,10 +1039,47 @@ mod tests {
         let (key, value) = stamped(&files[2]);
         third.insert(key, value);
         third.save().unwrap();
-        let entries = DigestCache::open(Some(store)).entries.into_inner().unwrap();
+        let entries = DigestCache::open(Some(store)).into_entries();
         let mut paths: Vec<&Path> = entries.keys().map(|k| k.path.as_path()).collect();
         paths.sort();
         assert_eq!(paths, [&files[0], &files[1], &files[2]]);
+    }
+
+    #[test]
+    fn lines_are_parsed_when_looked_up_and_count_as_live_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, file) = (dir.path().join("file-digests"), dir.path().join("f"));
+        std::fs::write(&file, b"abc").unwrap();
+        let meta = platform::stamp_path(&file).unwrap();
+        let hash = "a".repeat(64);
+        // More lines than the slack a save allows before it compacts, none yet looked up.
+        let others = (0..2 * COMPACT_SLACK)
+            .map(|i| checked(format!("1 {i} 3 4 5 6 {hash} 3 - /elsewhere/{i}").as_bytes()));
+        let mut text = format!("{HEADER}\n").into_bytes();
+        text.extend(others.flatten());
+        let (key, entry) = (
+            FileKey::new(&file, &meta),
+            Entry::saved(remembered(b"abc", None), 6),
+        );
+        text.extend(checked(&key.to_line(&entry).unwrap()));
+        std::fs::write(&store, &text).unwrap();
+
+        let cache = DigestCache::open(Some(store.clone()));
+        assert!(cache.entries.lock().unwrap().is_empty());
+        assert_eq!(cache.lookup(&file, &meta), Some(remembered(b"abc", None)));
+        assert_eq!(cache.entries.lock().unwrap().len(), 1);
+        assert_eq!(
+            cache.unparsed.lock().unwrap().files.len(),
+            2 * COMPACT_SLACK
+        );
+        // The lookup recorded a use: a save appends it, since the lines not looked up are live.
+        cache.save().unwrap();
+        let saved = std::fs::read(&store).unwrap();
+        assert_eq!(&saved[..text.len()], text.as_slice());
+        assert_eq!(
+            DigestCache::open(Some(store)).into_entries().len(),
+            2 * COMPACT_SLACK + 1
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! Both are remembered in the [`DigestCache`], so an input unchanged since an earlier link costs one
 //! `stat`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -89,10 +89,14 @@ impl FileDigests {
         threads: usize,
         cache: &DigestCache,
     ) -> Result<FileDigests, String> {
-        // Distinct as the keys are: by bytes.
-        let mut unique: Vec<&Path> = paths.into_iter().collect();
-        unique.sort_unstable_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
-        unique.dedup_by(|a, b| a.as_os_str() == b.as_os_str());
+        // Distinct as the keys are: by bytes. Deduplicated as they come: a link lists each module
+        // once per job that imports it (1.6 million paths for 100,000 files at 50,000 jobs).
+        let mut seen = HashSet::new();
+        let unique: Vec<&Path> = paths
+            .into_iter()
+            .filter(|path| seen.insert(path.as_os_str()))
+            .collect();
+        drop(seen);
         let next = AtomicUsize::new(0);
         let known = Mutex::new((
             HashMap::with_capacity(unique.len()),
@@ -160,7 +164,7 @@ fn know_file(path: &Path, cache: &DigestCache) -> Result<(FileInfo, bool), Strin
         .get_or_read(path, |file, meta| {
             if meta.len() > READ_WHOLE_LIMIT {
                 return Ok(Remembered {
-                    digest: digest::of_reader(file)?,
+                    digest: digest::of_reader(file, meta.len())?,
                     module_hash: None,
                 });
             }

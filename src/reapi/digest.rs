@@ -5,7 +5,7 @@
 //! exact bytes must be kept because the digest is over that encoding.
 
 use std::fmt;
-use std::io::{self, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
@@ -14,6 +14,8 @@ pub use bazel_remote_apis::build::bazel::remote::execution::v2::Digest;
 
 /// Read size for hashing files: large enough to keep syscalls cheap, small enough to stay cache-friendly.
 const FILE_BUFFER: usize = 1 << 20;
+/// Smallest read size, for files that are (or claim to be) tiny.
+const MIN_FILE_BUFFER: usize = 8 << 10;
 
 /// The digest of `data`.
 pub fn of_bytes(data: &[u8]) -> Digest {
@@ -26,23 +28,33 @@ pub fn of_bytes(data: &[u8]) -> Digest {
 /// The digest of the file at `path`, read in chunks. Blocking: call it from `spawn_blocking` or a
 /// thread of its own when hashing many files.
 pub fn of_file(path: &Path) -> io::Result<Digest> {
-    of_reader(std::fs::File::open(path)?)
+    let file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
+    of_reader(file, size)
 }
 
-/// The digest of everything `reader` yields, read in chunks (e.g. through an open file handle).
-pub fn of_reader(mut file: impl Read) -> io::Result<Digest> {
+/// The digest of everything `reader` yields, read in chunks (e.g. through an open file handle);
+/// `size_hint` (the expected size) bounds the read buffer.
+pub fn of_reader(reader: impl Read, size_hint: u64) -> io::Result<Digest> {
+    // The buffer is left uninitialized (BufReader): zeroing a 1 MiB buffer, and the page faults
+    // of touching it all, cost more than hashing a typical 100 KB object.
+    let capacity = usize::try_from(size_hint.saturating_add(1))
+        .unwrap_or(FILE_BUFFER)
+        .clamp(MIN_FILE_BUFFER, FILE_BUFFER);
+    let mut reader = BufReader::with_capacity(capacity, reader);
     let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; FILE_BUFFER];
     let mut size = 0u64;
     loop {
-        let n = match file.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(n) => n,
+        let chunk = match reader.fill_buf() {
+            Ok([]) => break,
+            Ok(chunk) => chunk,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        hasher.update(&buffer[..n]);
+        hasher.update(chunk);
+        let n = chunk.len();
         size += n as u64;
+        reader.consume(n);
     }
     Ok(Digest {
         hash: hex::encode(hasher.finalize()),
@@ -134,6 +146,11 @@ mod tests {
             hasher.update(chunk);
         }
         assert_eq!(hasher.finish(), from_file);
+        // The size hint only sizes the buffer: a wrong one (a file that grew, or shrank) still
+        // hashes what is there.
+        for hint in [0, 17, data.len() as u64 * 2] {
+            assert_eq!(of_reader(&data[..], hint).unwrap(), from_file);
+        }
     }
 
     #[test]
