@@ -19,7 +19,9 @@
 # rounds use the last cold link's server),
 # DISTRIBUTOR (the dtlto-reapi binary to measure, e.g. a copy of an older build; default: this
 # checkout's release build), KEEP_PROJECT=1 (reuse the project and floor store of an earlier run
-# with the same MODULES and IMPORTS instead of generating and compiling them again).
+# with the same MODULES and IMPORTS instead of generating and compiling them again), OUT
+# (bench/out/imports: where the project, the digest cache and the results go; a tmpfs such as
+# /dev/shm keeps the file system's own costs of creating files out of the figures).
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
@@ -31,7 +33,7 @@ functions=${FUNCTIONS:-1}
 jobs=${JOBS:-$(nproc)}
 runs=${RUNS:-3}
 cold_runs=${COLD_RUNS:-$runs}
-out=$root/bench/out/imports
+out=${OUT:-$root/bench/out/imports}
 project=$out/project
 trap stop_server EXIT
 

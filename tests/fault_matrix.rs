@@ -315,9 +315,18 @@ fn without_fallback_a_server_killed_mid_link_fails_the_link_with_the_reason() {
 
 #[test]
 fn a_corrupted_download_is_read_again() {
-    // Had the corrupt blob been accepted, the objects would differ from the local link's; had it
-    // not been read again, the job would have run locally.
-    link_absorbing(&["--fault-corrupt-reads=1"]);
+    // Had a corrupt blob been accepted, the objects would differ from the local link's; had it
+    // not been read again, the job would have run locally. The first read is an output inlined in
+    // an Execute response (then downloaded instead), the second a download (then read again).
+    link_absorbing(&["--fault-corrupt-reads=2"]);
+}
+
+#[test]
+fn inputs_lost_from_the_cas_before_execution_are_uploaded_again() {
+    // The first two executions find their input files gone (as if evicted after the upload) and
+    // are answered FAILED_PRECONDITION naming them: had the client not sent them again (although
+    // it had uploaded them itself), those jobs would have run locally.
+    link_absorbing(&["--fault-lose-inputs=2"]);
 }
 
 #[test]

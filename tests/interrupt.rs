@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::eventually;
 use serde_json::json;
 
 /// Writes the executable script `name` into `dir` and a job file of `jobs` jobs that use it as
@@ -69,18 +70,6 @@ fn signal_and_wait(mut child: Child, signal: i32) -> (ExitStatus, Duration, Stri
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     (status, took, stderr)
-}
-
-/// Polls `done` every 20 ms for at most `limit`; returns whether it became true.
-fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
 }
 
 /// Whether kill(2) finds its target: the process `pid`, or with `-group` any process of `group`.

@@ -290,13 +290,16 @@ async fn execute_runs_an_action_and_reports_stages() {
     client.upload_missing(blobs, &ctx()).await.unwrap();
 
     let mut stages = Vec::new();
+    let inline = ["out".to_owned()];
     let response = client
-        .execute_with_progress(&action_digest, false, &ctx(), |s| stages.push(s))
+        .execute_with_progress(&action_digest, false, &inline, &ctx(), |s| stages.push(s))
         .await
         .expect("execute");
     assert!(!response.cached_result);
     let result = response.result.expect("result");
     assert_eq!(result.exit_code, 0);
+    // The output asked for comes inlined; it is in the CAS all the same.
+    assert_eq!(output(&result, "out").contents, b"input contents\n");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     client
@@ -323,6 +326,18 @@ async fn execute_runs_an_action_and_reports_stages() {
     // The second run comes from the cache, unless the lookup is skipped.
     let again = client.execute(&action_digest, false, &ctx()).await.unwrap();
     assert!(again.cached_result);
+    assert!(
+        output(again.result.as_ref().unwrap(), "out")
+            .contents
+            .is_empty()
+    );
+    let inlined = client
+        .execute_with_progress(&action_digest, false, &inline, &ctx(), |_| {})
+        .await
+        .unwrap();
+    assert!(inlined.cached_result);
+    let inlined = inlined.result.unwrap();
+    assert_eq!(output(&inlined, "out").contents, b"input contents\n");
     let skipped = client.execute(&action_digest, true, &ctx()).await.unwrap();
     assert!(!skipped.cached_result);
 

@@ -21,7 +21,8 @@ use std::process::Command;
 
 use common::tools::{windows_host, zig};
 use common::{
-    Linked, Project, Server, Stats, Wrappers, distributor, ran_only, run, run_ok, stats_in,
+    Linked, Project, Server, Stats, Wrappers, distributor, eventually, ran_only, run, run_ok,
+    stats_in,
 };
 use tempfile::TempDir;
 
@@ -615,18 +616,6 @@ fn processes_running(program: &str) -> Vec<u32> {
                 .then_some(pid)
         })
         .collect()
-}
-
-/// Polls `done` every 50 ms for at most `limit`; returns whether it became true.
-fn eventually(limit: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    while !done() {
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    true
 }
 
 #[test]

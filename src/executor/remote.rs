@@ -424,26 +424,43 @@ impl RemoteExecutor {
         };
         let upload = trace::phase("upload");
         self.upload_toolchain(spec, call).await?;
-        let blobs = spec.blobs_to_upload();
-        self.uploads.ensure(&self.client, &blobs, call).await?;
+        self.uploads
+            .ensure(&self.client, &spec.input_files, &spec.blobs, call)
+            .await?;
         drop(upload);
         let execution = trace::phase("remote execution");
+        // Outputs small enough come back in the response where the server inlines them, sparing
+        // a download per job.
+        let outputs = output_names(spec);
         let response = match self
             .client
-            .execute_with_progress(&spec.action_digest, false, call, &mut on_stage)
+            .execute_with_progress(&spec.action_digest, false, &outputs, call, &mut on_stage)
             .await
         {
             Err(e) if e.missing_blobs().is_some() => {
                 // The CAS lost blobs since we checked (the toolchain's too, maybe): send them
                 // again, once.
-                let all: Vec<Blob> = blobs
-                    .into_iter()
-                    .chain(spec.toolchain_blobs.iter().cloned())
-                    .collect();
-                self.uploads.forget(all.iter().map(|b| b.digest.clone()));
-                self.uploads.ensure(&self.client, &all, call).await?;
+                let toolchain = &spec.toolchain_blobs[..];
+                self.uploads.forget(
+                    (spec.input_files.iter().map(|f| &f.digest))
+                        .chain(spec.blobs.iter().map(|b| &b.digest))
+                        .chain(toolchain.iter().map(|b| &b.digest))
+                        .cloned(),
+                );
+                self.uploads
+                    .ensure(&self.client, toolchain, &[], call)
+                    .await?;
+                self.uploads
+                    .ensure(&self.client, &spec.input_files, &spec.blobs, call)
+                    .await?;
                 self.client
-                    .execute_with_progress(&spec.action_digest, false, call, &mut on_stage)
+                    .execute_with_progress(
+                        &spec.action_digest,
+                        false,
+                        &outputs,
+                        call,
+                        &mut on_stage,
+                    )
                     .await
                     .map_err(not_executed)?
             }

@@ -1,15 +1,25 @@
 //! One upload per blob per link. Jobs that import the same modules need the same blobs at the same
-//! time; the first job to need a blob starts its upload (FindMissingBlobs, then the upload of what
-//! is missing) and every other job that needs it waits for that same upload instead of sending
-//! the blob again. A blob whose upload finished is known present for the rest of the link (until
-//! the server says otherwise); a failed upload is forgotten, so a later job tries again.
+//! time; the first job to need a blob starts its upload and every other job that needs it waits for
+//! that same upload instead of sending the blob again. A blob whose upload finished is known
+//! present for the rest of the link (until the server says otherwise); a failed upload is
+//! forgotten, so a later job tries again.
+//!
+//! A job's blobs come in two kinds. Files the link found on disk (modules, the toolchain's files)
+//! may be in the CAS already, sent by an earlier link: the server is asked first
+//! (FindMissingBlobs), and only what it lacks is sent. Blobs made for the job's Action (the Action,
+//! its Command and Directories, the rewritten index shard) describe an Action the action cache
+//! does not know, so the CAS seldom has them: they are sent without asking, which spares a round
+//! trip per job for a few kilobytes sent again in the rare case that they were there. A job's files
+//! are checked against the table by digest, and their blobs made only when they must be sent:
+//! most of a job's ~100 imports were sent by an earlier job.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
 
+use crate::plan::digests::FileInfo;
 use crate::reapi::{Blob, CallContext, Client, Digest, ReapiError};
 
 /// One upload of some blobs, awaited by every job that needs one of them.
@@ -28,51 +38,83 @@ pub struct Uploads {
     blobs: Arc<Mutex<HashMap<Digest, State>>>,
 }
 
+/// A blob the link had before it ran (an input file, a toolchain file): its digest at hand, its
+/// [`Blob`] made only when it must be sent.
+pub trait Found {
+    fn digest(&self) -> &Digest;
+    fn blob(&self) -> Blob;
+}
+
+impl Found for Blob {
+    fn digest(&self) -> &Digest {
+        &self.digest
+    }
+    fn blob(&self) -> Blob {
+        self.clone()
+    }
+}
+
+impl Found for Arc<FileInfo> {
+    fn digest(&self) -> &Digest {
+        &self.digest
+    }
+    fn blob(&self) -> Blob {
+        Blob::from_file(self.local.to_path_buf(), self.digest.clone())
+    }
+}
+
 impl Uploads {
-    /// Makes sure every blob of `blobs` is in the CAS: uploads those no other job is uploading or
-    /// has uploaded, and waits for the others' uploads.
+    /// Makes sure every blob of `found` (asked about first) and `made` (sent without asking) is in
+    /// the CAS: uploads those no other job is uploading or has uploaded, and waits for the others'
+    /// uploads.
     pub async fn ensure(
         &self,
         client: &Client,
-        blobs: &[Blob],
+        found: &[impl Found],
+        made: &[Blob],
         call: &CallContext,
     ) -> Result<(), Arc<ReapiError>> {
         let mut waits: Vec<SharedUpload> = Vec::new();
         {
             let mut table = self.blobs.lock().map_err(|_| poisoned())?;
-            let mut seen = HashSet::new();
-            let mut mine: Vec<Blob> = Vec::new();
-            for blob in blobs {
-                match table.get(&blob.digest) {
-                    Some(State::Present) => {}
-                    Some(State::InFlight(upload)) => {
-                        if seen.insert(&blob.digest) {
-                            waits.push(upload.clone());
-                        }
+            let mut asked: Vec<Blob> = Vec::new();
+            let mut sent: Vec<Blob> = Vec::new();
+            let wait = |digest: &Digest, waits: &mut Vec<SharedUpload>| match table.get(digest) {
+                Some(State::Present) => false,
+                Some(State::InFlight(upload)) => {
+                    // Several blobs may share one upload: wait for each upload once.
+                    if !waits.iter().any(|w| w.ptr_eq(upload)) {
+                        waits.push(upload.clone());
                     }
-                    None => {
-                        if seen.insert(&blob.digest) {
-                            mine.push(blob.clone());
-                        }
-                    }
+                    false
+                }
+                None => true,
+            };
+            for file in found {
+                // A digest listed twice is sent once (`upload` drops repeats).
+                if wait(file.digest(), &mut waits) {
+                    asked.push(file.blob());
                 }
             }
-            if !mine.is_empty() {
-                let upload = self.start(client.clone(), mine.clone(), call.clone());
-                for blob in mine {
-                    table.insert(blob.digest, State::InFlight(upload.clone()));
+            for blob in made {
+                if wait(&blob.digest, &mut waits) {
+                    sent.push(blob.clone());
+                }
+            }
+            if !asked.is_empty() || !sent.is_empty() {
+                let digests: Vec<Digest> = asked
+                    .iter()
+                    .chain(&sent)
+                    .map(|b| b.digest.clone())
+                    .collect();
+                let upload = self.start(client.clone(), asked, sent, call.clone());
+                for digest in digests {
+                    table.insert(digest, State::InFlight(upload.clone()));
                 }
                 waits.push(upload);
             }
         }
-        // Several blobs may share one upload: wait for each upload once.
-        let mut awaited: Vec<SharedUpload> = Vec::new();
-        for upload in waits {
-            if !awaited.iter().any(|a| a.ptr_eq(&upload)) {
-                awaited.push(upload);
-            }
-        }
-        for result in futures::future::join_all(awaited).await {
+        for result in futures::future::join_all(waits).await {
             result?;
         }
         Ok(())
@@ -98,18 +140,29 @@ impl Uploads {
         }
     }
 
-    /// The upload of `blobs`, which records its outcome in the table when it ends (whichever job
-    /// happens to drive it to the end).
-    fn start(&self, client: Client, blobs: Vec<Blob>, call: CallContext) -> SharedUpload {
+    /// The upload of `sent` and of those of `asked` the server lacks, which records its outcome in
+    /// the table when it ends (whichever job happens to drive it to the end).
+    fn start(
+        &self,
+        client: Client,
+        asked: Vec<Blob>,
+        sent: Vec<Blob>,
+        call: CallContext,
+    ) -> SharedUpload {
         let table = self.blobs.clone();
         async move {
-            let result = client.upload_missing(blobs.clone(), &call).await;
+            let digests: Vec<Digest> = asked
+                .iter()
+                .chain(&sent)
+                .map(|b| b.digest.clone())
+                .collect();
+            let result = client.upload_missing_and(asked, sent, &call).await;
             if let Ok(mut table) = table.lock() {
-                for blob in blobs {
+                for digest in digests {
                     if result.is_ok() {
-                        table.insert(blob.digest, State::Present);
+                        table.insert(digest, State::Present);
                     } else {
-                        table.remove(&blob.digest);
+                        table.remove(&digest);
                     }
                 }
             }

@@ -44,8 +44,8 @@ pub struct ActionOptions {
 #[derive(Debug)]
 pub struct ActionSpec {
     pub action_digest: Digest,
-    /// The blobs made for the action: Action, Command, Directories and generated inputs (see
-    /// [`ActionSpec::blobs_to_upload`] for all it needs in the CAS).
+    /// The blobs made for the action: Action, Command, Directories and generated inputs (with
+    /// `input_files` and `toolchain_blobs`, all it needs in the CAS).
     pub blobs: Vec<Blob>,
     /// The input files taken as they are (their blobs are made only for an upload: most
     /// Actions of a relink are cache hits).
@@ -61,15 +61,6 @@ pub struct ActionSpec {
     /// `--upload-compiler` names another compiler): only then are its results stored under the
     /// Action's digest.
     pub local_is_action: bool,
-}
-
-impl ActionSpec {
-    /// Every blob the action needs in the CAS: its input files and the blobs made for it.
-    pub fn blobs_to_upload(&self) -> Vec<Blob> {
-        file_blobs(&self.input_files)
-            .chain(self.blobs.iter().cloned())
-            .collect()
-    }
 }
 
 impl Assembled {

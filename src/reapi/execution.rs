@@ -76,15 +76,18 @@ impl Client {
         skip_cache_lookup: bool,
         ctx: &CallContext,
     ) -> Result<ExecuteResponse, ReapiError> {
-        self.execute_with_progress(action, skip_cache_lookup, ctx, |_| {})
+        self.execute_with_progress(action, skip_cache_lookup, &[], ctx, |_| {})
             .await
     }
 
-    /// [`Client::execute`], calling `on_stage` each time the action's stage changes.
+    /// [`Client::execute`], calling `on_stage` each time the action's stage changes, and asking
+    /// the server to inline the output files named in `inline_outputs` (output paths) in the
+    /// result; it may still send only digests, and nothing it inlines is trusted unchecked.
     pub async fn execute_with_progress(
         &self,
         action: &Digest,
         skip_cache_lookup: bool,
+        inline_outputs: &[String],
         ctx: &CallContext,
         mut on_stage: impl FnMut(Stage) + Send,
     ) -> Result<ExecuteResponse, ReapiError> {
@@ -105,7 +108,7 @@ impl Client {
             digest_function: 0,
             inline_stdout: true,
             inline_stderr: true,
-            inline_output_files: Vec::new(),
+            inline_output_files: inline_outputs.to_vec(),
         };
         let mut attempts = inner.attempts(tokio::time::Instant::now() + inner.execute_timeout);
         // Holds the operation to re-attach to (`None` means (re-)execute), and cancels it on the

@@ -75,13 +75,29 @@ impl Client {
         blobs: Vec<Blob>,
         ctx: &CallContext,
     ) -> Result<usize, ReapiError> {
-        let digests: Vec<Digest> = blobs.iter().map(|b| b.digest.clone()).collect();
-        let missing = self.find_missing(&digests, ctx).await?;
-        let missing: HashSet<(&str, i64)> = missing.iter().map(digest_key).collect();
-        let blobs: Vec<Blob> = blobs
-            .into_iter()
-            .filter(|b| missing.contains(&digest_key(&b.digest)))
-            .collect();
+        self.upload_missing_and(blobs, Vec::new(), ctx).await
+    }
+
+    /// Uploads `sent` without asking whether the server has them, and in the same batches those
+    /// of `asked` it does not have (FindMissingBlobs first, when there are any); returns how many
+    /// blobs that were.
+    pub async fn upload_missing_and(
+        &self,
+        asked: Vec<Blob>,
+        sent: Vec<Blob>,
+        ctx: &CallContext,
+    ) -> Result<usize, ReapiError> {
+        let mut blobs = sent;
+        if !asked.is_empty() {
+            let digests: Vec<Digest> = asked.iter().map(|b| b.digest.clone()).collect();
+            let missing = self.find_missing(&digests, ctx).await?;
+            let missing: HashSet<(&str, i64)> = missing.iter().map(digest_key).collect();
+            blobs.extend(
+                asked
+                    .into_iter()
+                    .filter(|b| missing.contains(&digest_key(&b.digest))),
+            );
+        }
         let count = unique_nonempty(blobs.iter().collect(), |b| &b.digest).len();
         self.upload(blobs, ctx).await?;
         Ok(count)

@@ -4,28 +4,13 @@
 use super::context::{Context, blocking};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    ActionResult, Digest, GetActionResultRequest, UpdateActionResultRequest,
+    ActionResult, GetActionResultRequest, UpdateActionResultRequest,
     action_cache_server::ActionCache,
 };
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 pub struct ActionCacheService(pub Arc<Context>);
-
-impl ActionCacheService {
-    /// The bytes of a referenced blob for inlining; None when absent or too large to inline
-    /// (clients then fetch it from the CAS, as the REAPI allows).
-    fn inline(&self, digest: Option<&Digest>) -> Result<Option<Vec<u8>>, Status> {
-        let Some(digest) = digest else {
-            return Ok(None);
-        };
-        let digest = BlobDigest::from_proto(digest)?;
-        if digest.size > self.0.max_batch_bytes {
-            return Ok(None);
-        }
-        Ok(self.0.storage.blob(&digest)?.map(|data| data.to_vec()))
-    }
-}
 
 #[tonic::async_trait]
 impl ActionCache for ActionCacheService {
@@ -49,17 +34,19 @@ impl ActionCache for ActionCacheService {
             })?;
             if request.inline_stdout {
                 result.stdout_raw = cache
+                    .0
                     .inline(result.stdout_digest.as_ref())?
                     .unwrap_or_default();
             }
             if request.inline_stderr {
                 result.stderr_raw = cache
+                    .0
                     .inline(result.stderr_digest.as_ref())?
                     .unwrap_or_default();
             }
             for file in &mut result.output_files {
                 if request.inline_output_files.contains(&file.path) {
-                    file.contents = cache.inline(file.digest.as_ref())?.unwrap_or_default();
+                    file.contents = cache.0.inline(file.digest.as_ref())?.unwrap_or_default();
                 }
             }
             Ok(Response::new(result))

@@ -7,7 +7,9 @@ use super::hostile::Hostile;
 use super::stats::Stats;
 use super::storage::Storage;
 use super::throttle::Throttle;
-use bazel_remote_apis::build::bazel::remote::execution::v2::{Action, Command, digest_function};
+use bazel_remote_apis::build::bazel::remote::execution::v2::{
+    Action, Command, Digest, digest_function,
+};
 use bazel_remote_apis::google::{protobuf::Any, rpc};
 use prost::Message;
 use tonic::{Code, Status};
@@ -33,6 +35,19 @@ pub struct Context {
 }
 
 impl Context {
+    /// The bytes of a referenced blob for inlining in a response; None when absent or larger than
+    /// a batch (clients then fetch it from the CAS, as the REAPI allows).
+    pub fn inline(&self, digest: Option<&Digest>) -> Result<Option<Vec<u8>>, Status> {
+        let Some(digest) = digest else {
+            return Ok(None);
+        };
+        let digest = BlobDigest::from_proto(digest)?;
+        if digest.size > self.max_batch_bytes {
+            return Ok(None);
+        }
+        Ok(self.storage.blob(&digest)?.map(|data| data.to_vec()))
+    }
+
     /// The start of every RPC: fault injection, then the instance name and digest function.
     pub async fn enter(
         &self,

@@ -22,6 +22,7 @@ use bazel_remote_apis::google::longrunning::{
 };
 use bazel_remote_apis::google::protobuf::Empty;
 use futures::stream::{self, BoxStream, StreamExt};
+use prost::Message as _;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -100,6 +101,68 @@ fn follow(state: watch::Receiver<History>, from: usize) -> OperationStream {
         }
     })
     .boxed()
+}
+
+/// `operations` with the output files named in `wanted` inlined in the done Operation's result,
+/// as long as they fit in one batch together (a client fetches the others from the CAS). Inlined
+/// contents are a read of the blob, so `--fault-corrupt-reads` applies to them; with the faults
+/// of ByteStream reads nothing is inlined, so that those reads happen.
+fn inlining(
+    context: Arc<Context>,
+    operations: OperationStream,
+    wanted: Vec<String>,
+) -> OperationStream {
+    if wanted.is_empty() || context.hostile.spoils_reads() {
+        return operations;
+    }
+    let wanted = Arc::new(wanted);
+    operations
+        .then(move |item| {
+            let (context, wanted) = (context.clone(), wanted.clone());
+            async move {
+                match item {
+                    Ok(operation) if operation.done => {
+                        blocking(move || inline_outputs(&context, operation, &wanted)).await
+                    }
+                    other => other,
+                }
+            }
+        })
+        .boxed()
+}
+
+/// The done `operation` with the `wanted` outputs of its response's result inlined (see
+/// [`inlining`]).
+fn inline_outputs(
+    context: &Context,
+    mut operation: Operation,
+    wanted: &[String],
+) -> Result<Operation, Status> {
+    let Some(operation::Result::Response(any)) = &operation.result else {
+        return Ok(operation);
+    };
+    let mut response = ExecuteResponse::decode(any.value.as_slice())
+        .map_err(|e| Status::internal(format!("cannot decode an ExecuteResponse: {e}")))?;
+    let Some(result) = response.result.as_mut() else {
+        return Ok(operation);
+    };
+    let mut room = context.max_batch_bytes;
+    for file in &mut result.output_files {
+        let size = file
+            .digest
+            .as_ref()
+            .map_or(0, |d| d.size_bytes.max(0) as u64);
+        if !wanted.contains(&file.path) || size > room {
+            continue;
+        }
+        if let Some(mut data) = context.inline(file.digest.as_ref())? {
+            room -= size;
+            context.faults.corrupt_read(&mut data);
+            file.contents = data;
+        }
+    }
+    operation.result = Some(operation::Result::Response(pack(RESPONSE_TYPE, &response)));
+    Ok(operation)
 }
 
 impl Executor {
@@ -262,7 +325,12 @@ impl Execution for ExecutionService {
                 ..Default::default()
             };
             let done = done_operation(&name, &action_digest, &response);
-            return Ok(Response::new(stream::iter([Ok(done)]).boxed()));
+            let operations = stream::iter([Ok(done)]).boxed();
+            return Ok(Response::new(inlining(
+                executor.context.clone(),
+                operations,
+                request.inline_output_files,
+            )));
         }
 
         let do_not_cache = action.do_not_cache;
@@ -307,7 +375,11 @@ impl Execution for ExecutionService {
             }
         };
 
-        let operations = follow(state, 0);
+        let operations = inlining(
+            executor.context.clone(),
+            follow(state, 0),
+            request.inline_output_files,
+        );
         if executor.context.faults.drop_execute_stream() {
             // The client sees the accepted Operation, then a broken stream, and must WaitExecution.
             let dropped = Status::unavailable("fault injection: Execute stream dropped");

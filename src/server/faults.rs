@@ -123,6 +123,7 @@ pub struct Faults {
     execute_status: Option<StatusAnswer>,
     missing_program: Option<Code>,
     break_writes: AtomicU32,
+    lose_inputs: AtomicU32,
 }
 
 impl Faults {
@@ -144,6 +145,7 @@ impl Faults {
             execute_status: None,
             missing_program: None,
             break_writes: AtomicU32::new(break_writes),
+            lose_inputs: AtomicU32::new(0),
         }
     }
 
@@ -158,6 +160,17 @@ impl Faults {
         self.execute_status = execute_status;
         self.missing_program = missing_program;
         self
+    }
+
+    /// How many executions lose their input files first (`--fault-lose-inputs`).
+    pub fn with_lost_inputs(mut self, executions: u32) -> Self {
+        self.lose_inputs = AtomicU32::new(executions);
+        self
+    }
+
+    /// Whether this execution is to find its input files gone from the CAS.
+    pub fn lose_inputs(&self) -> bool {
+        take(&self.lose_inputs)
     }
 
     /// The status every execution is answered with, if `--fault-execute-status` is set.

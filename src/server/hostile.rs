@@ -135,6 +135,12 @@ impl Hostile {
         }
     }
 
+    /// Whether reads misbehave (`--fault-reads`, `--fault-zstd-bomb`): outputs are then never
+    /// inlined in Execute responses, so that the client reads every one.
+    pub fn spoils_reads(&self) -> bool {
+        self.reads != ReadFault::None || self.zstd_bomb
+    }
+
     /// The responses of a compressed read when `--fault-zstd-bomb` is on: a frame of 128 KiB
     /// that decompresses to 4 GiB, whatever blob was asked for.
     pub fn bomb_read(&self) -> Option<BoxStream<'static, Result<ReadResponse, Status>>> {

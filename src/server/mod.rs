@@ -261,6 +261,18 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_break_writes: u32,
+
+    /// Test knob: the first N executions find the files of their input root's top directory gone
+    /// from the CAS when a worker takes them (as if evicted after the client's upload), so that
+    /// the Execute is answered FAILED_PRECONDITION naming them and the client must upload them
+    /// again.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_lose_inputs: u32,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -374,7 +386,8 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
         .with_execute_answers(
             args.fault_execute_status.clone(),
             args.missing_program_status,
-        ),
+        )
+        .with_lost_inputs(args.fault_lose_inputs),
         hostile: hostile::Hostile::new(
             &args.fault_slow,
             args.fault_reads,

@@ -166,6 +166,11 @@ impl Storage {
         Ok(data)
     }
 
+    /// Forgets a blob, as an eviction would (`--fault-lose-inputs`).
+    pub fn forget_blob(&self, digest: &BlobDigest) {
+        self.cas.remove(digest);
+    }
+
     /// Stores `data` under `digest` after checking that it matches (INVALID_ARGUMENT if not).
     pub fn put_blob(&self, digest: &BlobDigest, data: &[u8]) -> Result<(), Status> {
         digest.verify(data)?;

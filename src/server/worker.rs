@@ -10,8 +10,9 @@ use super::inputs::materialize;
 use super::isolation::Isolation;
 use super::outputs::{self, OutputPath};
 use super::shared_files::SharedFiles;
+use super::storage::Storage;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
-    Action, ActionResult, Command, ExecutedActionMetadata,
+    Action, ActionResult, Command, Directory, ExecutedActionMetadata,
 };
 use bazel_remote_apis::google::protobuf::Timestamp;
 use std::os::unix::process::ExitStatusExt;
@@ -123,6 +124,19 @@ fn check_command(command: &Command) -> Result<(), Status> {
     Ok(())
 }
 
+/// `--fault-lose-inputs`: forgets the files of the input root's top directory.
+fn lose_files(storage: &Storage, input_root: &BlobDigest) -> Result<(), Status> {
+    let Some(root) = storage.message::<Directory>(input_root)? else {
+        return Ok(());
+    };
+    for file in &root.files {
+        if let Some(digest) = file.digest.as_ref() {
+            storage.forget_blob(&BlobDigest::from_proto(digest)?);
+        }
+    }
+    Ok(())
+}
+
 impl Worker {
     pub async fn run(&self, job: Job, cancel: CancellationToken) -> Result<Finished, Status> {
         let mut metadata = ExecutedActionMetadata {
@@ -155,6 +169,9 @@ impl Worker {
         blocking(move || {
             std::fs::create_dir(&input_dir)
                 .map_err(|e| Status::internal(format!("cannot create the input root: {e}")))?;
+            if context.faults.lose_inputs() {
+                lose_files(&context.storage, &input_root)?;
+            }
             materialize(&context.storage, shared.as_ref(), &input_root, &input_dir)?;
             outputs::prepare(&input_dir, &input_layout)?;
             match owner {

@@ -57,6 +57,19 @@ pub fn run(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
+/// Polls `done` every 20 ms for at most `limit`; returns whether it became true. For what a test
+/// waits on (a process gone, a file written), never for how fast something is.
+pub fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 /// Like [`run`], and panics with the command's stderr unless it exits 0.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = run(cmd);
