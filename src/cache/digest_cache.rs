@@ -123,12 +123,8 @@ impl FileKey {
         };
         let Remembered { digest, .. } = &entry.remembered;
         let mut line = format!(
-            "{} {} {} {} {} {} {} {} {module_hash} ",
-            self.device,
-            self.inode,
-            self.size,
-            self.mtime_ns,
-            self.ctime_ns,
+            "{} {} {} {} {module_hash} ",
+            self.stamp_fields(),
             entry.last_used,
             digest.hash,
             digest.size_bytes
@@ -141,11 +137,21 @@ impl FileKey {
     /// The hash [`Unparsed`] indexes this key's lines by: of the stamp's fields as
     /// [`FileKey::to_line`] writes them, and of the path.
     fn hash(&self) -> u64 {
-        let stamp = format!(
-            "{} {} {} {} {}",
-            self.device, self.inode, self.size, self.mtime_ns, self.ctime_ns
-        );
+        let stamp = self.stamp_fields();
         key_hash(stamp.as_bytes(), self.path.as_os_str().as_encoded_bytes())
+    }
+
+    /// `device inode size mtime ctime`: how a line starts, and what its index hash is over.
+    fn stamp_fields(&self) -> String {
+        let FileKey {
+            device,
+            inode,
+            size,
+            mtime_ns,
+            ctime_ns,
+            ..
+        } = self;
+        format!("{device} {inode} {size} {mtime_ns} {ctime_ns}")
     }
 
     fn from_line(line: &[u8]) -> Option<(FileKey, Entry)> {
