@@ -82,9 +82,12 @@ impl Spawner {
         #[cfg(unix)]
         {
             let parent = libc::pid_t::try_from(std::process::id()).map_err(io::Error::other)?;
-            // SAFETY: `die_with_parent` only makes async-signal-safe system calls.
+            // SAFETY: both make only async-signal-safe system calls.
             unsafe {
-                command.pre_exec(move || die_with_parent(parent));
+                command.pre_exec(move || {
+                    crate::platform::ask_for_long_time_slice();
+                    die_with_parent(parent)
+                });
             }
         }
         let gone = || io::Error::other("the thread that starts local compiles is gone");

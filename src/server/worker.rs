@@ -274,6 +274,13 @@ impl Worker {
             )
             .process_group(0)
             .kill_on_drop(true);
+        // SAFETY: the hook makes only system calls.
+        unsafe {
+            process.pre_exec(|| {
+                crate::platform::ask_for_long_time_slice();
+                Ok(())
+            });
+        }
         self.isolation.apply(&mut process, (id, id));
         let mut child = match spawn(&mut process).await {
             Ok(child) => child,
