@@ -17,3 +17,23 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
         .map_err(|e| eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}"))
         .ok()
 }
+
+/// Work on at most this many bytes runs on the async thread that has it (see [`run_sized`]).
+pub const SMALL_WORK_BYTES: u64 = 64 << 10;
+
+/// Runs `work`, which reads, hashes, compresses or writes about `bytes` bytes: on the calling
+/// async thread when that is at most [`SMALL_WORK_BYTES`], on the blocking pool otherwise.
+///
+/// A trip to the blocking pool and back is two thread wake-ups, and each can wait for a core: in a
+/// racing relink, preparing a 9 KB object's upload took 0.2–0.45 ms that way, and `serve`'s hop
+/// for storing it about 0.2 ms more, while 64 KiB of such work takes tens of microseconds.
+pub async fn run_sized<T: Send + 'static>(
+    bytes: u64,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if bytes <= SMALL_WORK_BYTES {
+        Ok(work())
+    } else {
+        tokio::task::spawn_blocking(work).await
+    }
+}

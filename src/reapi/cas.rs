@@ -320,7 +320,16 @@ pub(super) fn check_size(d: &Digest, actual: u64) -> Result<(), ReapiError> {
 
 /// Runs blocking work (file reads, compression) off the async threads.
 pub(super) async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(work).await {
+    blocking_unless_small(u64::MAX, work).await
+}
+
+/// Runs work on about `bytes` bytes off the async threads unless it is small (see
+/// [`crate::runtime::run_sized`]).
+pub(super) async fn blocking_unless_small<T: Send + 'static>(
+    bytes: u64,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    match crate::runtime::run_sized(bytes, work).await {
         Ok(value) => value,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }

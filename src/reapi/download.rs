@@ -9,7 +9,7 @@ use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 use tokio::io::AsyncWriteExt as _;
 use tonic::Status;
 
-use super::cas::{Sink, blocking};
+use super::cas::{Sink, blocking_unless_small};
 use super::client::{Client, Inner};
 use super::compression::{self, IDENTITY, ZSTD};
 use super::digest::{self, Digest};
@@ -34,9 +34,9 @@ impl Client {
 
     /// Writes blob `digest` to `path` (created or truncated), verified against the digest. On
     /// failure `path` is removed. Large blobs are streamed to the file, never held in memory;
-    /// a blob that travels in a batch (most native objects) is read whole, then written with
-    /// one blocking call, instead of through an async file handle (a trip to the blocking pool
-    /// per create, write, flush and close).
+    /// a blob that travels in a batch (most native objects) is read whole, then written at once
+    /// (off the async threads unless small), instead of through an async file handle (a trip to
+    /// the blocking pool per create, write, flush and close).
     pub async fn download_to_file(
         &self,
         digest: &Digest,
@@ -51,7 +51,7 @@ impl Client {
         if self.inner.fits_batch(digest) {
             let data = self.download(digest, ctx).await?;
             let target = path.to_path_buf();
-            return blocking(move || {
+            return blocking_unless_small(data.len() as u64, move || {
                 std::fs::write(&target, &data).inspect_err(|_| {
                     let _ = std::fs::remove_file(&target);
                 })
@@ -170,9 +170,11 @@ impl Inner {
         self.counters.received(data.len() as u64);
         Ok(match compressor {
             IDENTITY => Ok(data),
-            ZSTD if zstd => blocking(move || compression::decompress(&data, size))
-                .await
-                .map_err(|e| format!("cannot decompress the zstd data: {e}")),
+            ZSTD if zstd => {
+                blocking_unless_small(size, move || compression::decompress(&data, size))
+                    .await
+                    .map_err(|e| format!("cannot decompress the zstd data: {e}"))
+            }
             other => Err(format!("compressor {other}, which was not asked for")),
         })
     }

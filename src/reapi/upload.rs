@@ -9,8 +9,8 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use tonic::Status;
 
 use super::cas::{
-    Blob, BlobSource, CONCURRENCY, batch_entry_len, blocking, check_size, digest_key, pack,
-    unique_nonempty,
+    Blob, BlobSource, CONCURRENCY, batch_entry_len, blocking_unless_small, check_size, digest_key,
+    pack, unique_nonempty,
 };
 use super::client::{Client, Inner, UPLOAD_BUDGET_KIB};
 use super::compression::{self, IDENTITY, ZSTD};
@@ -113,7 +113,8 @@ impl Inner {
         ctx: &CallContext,
     ) -> Result<(), ReapiError> {
         let zstd = self.compression && self.capabilities.zstd_batch_update;
-        let mut pending = blocking(move || batch_requests(blobs, zstd)).await?;
+        let bytes = blobs.iter().map(|b| digest::size(&b.digest)).sum();
+        let mut pending = blocking_unless_small(bytes, move || batch_requests(blobs, zstd)).await?;
         let mut attempts = self.attempts(self.deadline());
         loop {
             let Some(remaining) = attempts.remaining() else {

@@ -3,7 +3,7 @@
 //! offered: the capabilities do not advertise them, and they answer UNIMPLEMENTED.
 
 use super::compression;
-use super::context::{Context, blocking, ok_status, rpc_status};
+use super::context::{Context, blocking, blocking_unless_small, ok_status, rpc_status};
 use super::digest::BlobDigest;
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
     BatchReadBlobsRequest, BatchReadBlobsResponse, BatchUpdateBlobsRequest,
@@ -136,8 +136,18 @@ impl ContentAddressableStorage for CasService {
         let total: u64 = request.requests.iter().map(|r| r.data.len() as u64).sum();
         self.check_batch_size(total)?;
         self.0.throttle.receive(total as usize).await;
+        // The work: the bytes received, and the blobs they make (decompressed), which are hashed.
+        let named: u64 = request
+            .requests
+            .iter()
+            .map(|r| {
+                r.digest
+                    .as_ref()
+                    .map_or(0, |d| u64::try_from(d.size_bytes).unwrap_or(0))
+            })
+            .fold(total, u64::saturating_add);
         let cas = CasService(self.0.clone());
-        let responses = blocking(move || {
+        let responses = blocking_unless_small(named, move || {
             Ok(request
                 .requests
                 .into_iter()
@@ -176,9 +186,10 @@ impl ContentAddressableStorage for CasService {
             .iter()
             .map(BlobDigest::from_proto)
             .collect::<Result<Vec<_>, _>>()?;
-        self.check_batch_size(digests.iter().map(|d| d.size).fold(0, u64::saturating_add))?;
+        let total = digests.iter().map(|d| d.size).fold(0, u64::saturating_add);
+        self.check_batch_size(total)?;
         let cas = CasService(self.0.clone());
-        let responses = blocking(move || {
+        let responses = blocking_unless_small(total, move || {
             Ok(digests
                 .iter()
                 .map(|digest| {

@@ -167,7 +167,16 @@ pub fn pack<M: Message>(type_name: &str, message: &M) -> Any {
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
-    tokio::task::spawn_blocking(work)
+    blocking_unless_small(u64::MAX, work).await
+}
+
+/// Runs work on about `bytes` bytes off the async threads unless it is small (see
+/// [`crate::runtime::run_sized`]).
+pub async fn blocking_unless_small<T: Send + 'static>(
+    bytes: u64,
+    work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    crate::runtime::run_sized(bytes, work)
         .await
         .map_err(|e| Status::internal(format!("blocking task failed: {e}")))?
 }

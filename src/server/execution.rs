@@ -8,7 +8,9 @@
 //! BuildBuddy and NativeLink do. Attached clients share the Operation, its name and its
 //! cancellation.
 
-use super::context::{Context, blocking, missing_blobs, ok_status, pack, rpc_status};
+use super::context::{
+    Context, blocking, blocking_unless_small, missing_blobs, ok_status, pack, rpc_status,
+};
 use super::digest::BlobDigest;
 use super::worker::{Finished, Job, Worker, now};
 use bazel_remote_apis::build::bazel::remote::execution::v2::{
@@ -122,13 +124,37 @@ fn inlining(
             async move {
                 match item {
                     Ok(operation) if operation.done => {
-                        blocking(move || inline_outputs(&context, operation, &wanted)).await
+                        let bytes = inlined_size(&context, &operation, &wanted);
+                        let inline = move || inline_outputs(&context, operation, &wanted);
+                        blocking_unless_small(bytes, inline).await
                     }
                     other => other,
                 }
             }
         })
         .boxed()
+}
+
+/// How many bytes [`inline_outputs`] reads for `operation`: the `wanted` outputs, at most a batch.
+fn inlined_size(context: &Context, operation: &Operation, wanted: &[String]) -> u64 {
+    let Some(operation::Result::Response(any)) = &operation.result else {
+        return 0;
+    };
+    let Ok(response) = ExecuteResponse::decode(any.value.as_slice()) else {
+        return 0;
+    };
+    response
+        .result
+        .iter()
+        .flat_map(|result| &result.output_files)
+        .filter(|file| wanted.contains(&file.path))
+        .map(|file| {
+            file.digest
+                .as_ref()
+                .map_or(0, |d| d.size_bytes.max(0) as u64)
+        })
+        .fold(0, u64::saturating_add)
+        .min(context.max_batch_bytes)
 }
 
 /// The done `operation` with the `wanted` outputs of its response's result inlined (see
@@ -245,9 +271,9 @@ impl Executor {
                 if status.is_none() && result.exit_code == 0 && !do_not_cache {
                     let (context, key, value) =
                         (self.context.clone(), action_digest.clone(), result.clone());
-                    if let Err(e) =
-                        blocking(move || context.storage.put_action_result(&key, &value)).await
-                    {
+                    let size = value.encoded_len() as u64;
+                    let store = move || context.storage.put_action_result(&key, &value);
+                    if let Err(e) = blocking_unless_small(size, store).await {
                         response.status = Some(rpc_status(&e));
                     }
                 }
