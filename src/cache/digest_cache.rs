@@ -40,6 +40,7 @@
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -135,10 +136,10 @@ impl FileKey {
     }
 
     /// The hash [`Unparsed`] indexes this key's lines by: of the stamp's fields as
-    /// [`FileKey::to_line`] writes them, and of the path.
+    /// [`FileKey::to_line`] writes them (enough to tell file versions apart; the lines of two
+    /// paths to one file are both parsed, and told apart then).
     fn hash(&self) -> u64 {
-        let stamp = self.stamp_fields();
-        key_hash(stamp.as_bytes(), self.path.as_os_str().as_encoded_bytes())
+        key_hash(self.stamp_fields().as_bytes())
     }
 
     /// `device inode size mtime ctime`: how a line starts, and what its index hash is over.
@@ -458,7 +459,10 @@ impl DigestCache {
                 module_hash: None,
             };
             if let Ok(mut unparsed) = self.unparsed.lock() {
-                unparsed.derived.remove(&key_hash(key.as_bytes(), b""));
+                unparsed
+                    .derived
+                    .take(key_hash(key.as_bytes()))
+                    .for_each(drop);
             }
             derived.insert(key, Entry::new(remembered, self.now));
             self.changed.store(true, Ordering::Relaxed);
@@ -469,7 +473,7 @@ impl DigestCache {
     fn insert(&self, key: FileKey, remembered: Remembered) {
         if let Ok(mut entries) = self.entries.lock() {
             if let Ok(mut unparsed) = self.unparsed.lock() {
-                unparsed.files.remove(&key.hash());
+                unparsed.files.take(key.hash()).for_each(drop);
             }
             entries.insert(key, Entry::new(remembered, self.now));
             self.changed.store(true, Ordering::Relaxed);
@@ -611,10 +615,10 @@ fn parse(bytes: &[u8]) -> Parsed {
 #[derive(Debug, Default)]
 struct Unparsed {
     bytes: Vec<u8>,
-    /// File lines (byte ranges of `bytes`) by [`FileKey::hash`].
-    files: HashMap<u64, Vec<(usize, usize)>>,
+    /// File lines by [`FileKey::hash`].
+    files: LineIndex,
     /// Derived lines by the hash of their key.
-    derived: HashMap<u64, Vec<(usize, usize)>>,
+    derived: LineIndex,
 }
 
 impl Unparsed {
@@ -628,32 +632,32 @@ impl Unparsed {
         let Some(body) = body.strip_prefix(b"\n") else {
             return (unparsed, None);
         };
-        let mut start = bytes.len() - body.len();
+        let offset = bytes.len() - body.len();
+        let mut start = offset;
         let mut lines = 0;
         // A line without its newline (the last, cut short) is never trusted.
-        while let Some(length) = bytes[start..].iter().position(|&b| b == b'\n') {
-            let end = start + length;
+        for end in memchr::memchr_iter(b'\n', body).map(|at| offset + at) {
             lines += 1;
-            if let Some((index, hash)) = key_of(&bytes[start..end]) {
-                let index = if index {
+            if let Some((is_file, hash)) = key_of(&bytes[start..end]) {
+                let index = if is_file {
                     &mut unparsed.files
                 } else {
                     &mut unparsed.derived
                 };
-                index.entry(hash).or_default().push((start, end));
+                index.lines.push((hash, start..end));
             }
             start = end + 1;
         }
+        unparsed.files.seal();
+        unparsed.derived.seal();
         unparsed.bytes = bytes;
         (unparsed, Some(lines))
     }
 
     /// Parses the lines that may hold `key` into `entries` (every line of the same hash, once).
     fn parse_file(&mut self, key: &FileKey, entries: &mut HashMap<FileKey, Entry>) {
-        for (start, end) in self.files.remove(&key.hash()).unwrap_or_default() {
-            if let Some((key, entry)) =
-                verified(&self.bytes[start..end]).and_then(FileKey::from_line)
-            {
+        for line in self.files.take(key.hash()) {
+            if let Some((key, entry)) = verified(&self.bytes[line]).and_then(FileKey::from_line) {
                 merge_one(entries, key, entry);
             }
         }
@@ -661,12 +665,8 @@ impl Unparsed {
 
     /// Parses the lines that may hold the derived digest of `key` into `derived`.
     fn parse_derived(&mut self, key: &str, derived: &mut HashMap<String, Entry>) {
-        for (start, end) in self
-            .derived
-            .remove(&key_hash(key.as_bytes(), b""))
-            .unwrap_or_default()
-        {
-            let parsed = verified(&self.bytes[start..end])
+        for line in self.derived.take(key_hash(key.as_bytes())) {
+            let parsed = verified(&self.bytes[line])
                 .and_then(|line| line.strip_prefix(DERIVED.as_bytes()))
                 .and_then(derived_from_line);
             if let Some((key, entry)) = parsed {
@@ -676,27 +676,62 @@ impl Unparsed {
     }
 }
 
+/// Lines of a cache file by the hash of their keys: one vector, sorted once, searched by halving;
+/// each hash's lines are handed out once. (A map of hashes to lists of lines cost an allocation and
+/// two hashings per line, most of opening a cache of thousands of lines.)
+#[derive(Debug, Default)]
+struct LineIndex {
+    /// Each line's hash and where it is in the file's bytes, sorted once all are in; a line
+    /// handed out is left as an empty range.
+    lines: Vec<(u64, Range<usize>)>,
+    /// How many hashes still have lines to hand out.
+    remaining: usize,
+}
+
+impl LineIndex {
+    /// Sorts the lines pushed so far (by hash, then by place in the file), ready for [`Self::take`].
+    fn seal(&mut self) {
+        self.lines
+            .sort_unstable_by_key(|(hash, line)| (*hash, line.start));
+        self.remaining = self.lines.chunk_by(|a, b| a.0 == b.0).count();
+    }
+
+    /// The lines of `hash`, in file order, once: a later call for it finds none.
+    fn take(&mut self, hash: u64) -> impl Iterator<Item = Range<usize>> + '_ {
+        let first = self.lines.partition_point(|(h, _)| *h < hash);
+        let count = self.lines[first..].partition_point(|(h, _)| *h == hash);
+        let lines = &mut self.lines[first..first + count];
+        if lines.first().is_some_and(|(_, line)| !line.is_empty()) {
+            self.remaining -= 1;
+        }
+        lines.iter_mut().map(|(_, line)| std::mem::take(line))
+    }
+
+    /// How many hashes still have lines to hand out.
+    fn len(&self) -> usize {
+        self.remaining
+    }
+}
+
 /// Whether `line` (of a cache file) is a file's (else a derived digest's), and the hash of its key;
 /// None for a line of neither form.
 fn key_of(line: &[u8]) -> Option<(bool, u64)> {
     let rest = line.get(CHECKSUM_DIGITS..)?.strip_prefix(b" ")?;
     if let Some(rest) = rest.strip_prefix(DERIVED.as_bytes()) {
-        let key = rest.strip_prefix(b" ")?.split(|&b| b == b' ').next()?;
-        return Some((false, key_hash(key, b"")));
+        let rest = rest.strip_prefix(b" ")?;
+        let key = &rest[..memchr::memchr(b' ', rest)?];
+        return Some((false, key_hash(key)));
     }
     // `device inode size mtime ctime` (the stamp), 4 fields, the path.
-    let mut spaces = rest.iter().enumerate().filter(|(_, b)| **b == b' ');
-    let stamp_end = spaces.nth(4)?.0;
-    let path_start = spaces.nth(3)?.0 + 1;
-    Some((true, key_hash(&rest[..stamp_end], &rest[path_start..])))
+    let stamp_end = memchr::memchr_iter(b' ', rest).nth(4)?;
+    Some((true, key_hash(&rest[..stamp_end])))
 }
 
-/// The hash of a key made of two byte strings.
-fn key_hash(first: &[u8], second: &[u8]) -> u64 {
+/// The hash a key's lines are indexed by.
+fn key_hash(key: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::hash::DefaultHasher::new();
-    first.hash(&mut hasher);
-    second.hash(&mut hasher);
+    key.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -785,8 +820,8 @@ mod tests {
         fn into_entries(self) -> HashMap<FileKey, Entry> {
             let mut entries = self.entries.into_inner().unwrap();
             let unparsed = self.unparsed.into_inner().unwrap();
-            for (start, end) in unparsed.files.values().flatten() {
-                let line = &unparsed.bytes[*start..*end];
+            for (_, line) in &unparsed.files.lines {
+                let line = &unparsed.bytes[line.clone()];
                 if let Some((key, entry)) = verified(line).and_then(FileKey::from_line) {
                     merge_one(&mut entries, key, entry);
                 }
