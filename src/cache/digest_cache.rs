@@ -35,7 +35,12 @@
 //! Besides files, the cache remembers *derived* digests: the digest of content this program makes
 //! from other content (a rewritten index shard), keyed by a hash of everything that content is a
 //! function of ([`DigestCache::derived`]), so that a relink need not make it again to know its
-//! digest. Their lines start with `derived`, which versions that do not know them skip.
+//! digest. Each is kept in a *slot* that names the thing derived (one module's rewritten shard),
+//! which holds its latest version only: an edit-and-relink that changes what a shard derives from
+//! replaces its entry, so the dead ones of earlier versions go with the next compaction instead of
+//! piling up until the cap (they made a cache of a few hundred files grow by ~100 lines per
+//! relink of a heavy-import project, all read by every link). Their lines start with `derived`,
+//! which versions that do not know them skip; lines of the slotless format before are skipped too.
 
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
@@ -220,6 +225,13 @@ fn parse_module_hash(text: &str) -> Option<Option<[u32; 5]>> {
     Some(Some(words))
 }
 
+/// A derived digest in its slot: the key of what it was derived from, and the entry.
+#[derive(Debug)]
+struct Derived {
+    key: String,
+    entry: Entry,
+}
+
 #[derive(Debug)]
 struct Entry {
     remembered: Remembered,
@@ -276,8 +288,8 @@ pub struct DigestCache {
     /// None: remembered by this process only (the system has no user cache directory).
     file: Option<PathBuf>,
     entries: Mutex<HashMap<FileKey, Entry>>,
-    /// Derived digests by the hex hash of what they derive from.
-    derived: Mutex<HashMap<String, Entry>>,
+    /// Derived digests by their slot (see [`DigestCache::derived`]).
+    derived: Mutex<HashMap<String, Derived>>,
     /// The file's lines not yet looked up (and so not in `entries` or `derived`).
     unparsed: Mutex<Unparsed>,
     /// Lines in the file as this process last read or wrote it; None when it has no lines of this
@@ -437,22 +449,25 @@ impl DigestCache {
         Ok((known.remembered.digest, known.meta))
     }
 
-    /// The digest remembered for content derived from what `key` (64 hex digits: a SHA-256 of
-    /// everything the content is a function of, the deriving code's version included) names.
-    pub fn derived(&self, key: &str) -> Option<Digest> {
+    /// The digest remembered in `slot` for content derived from what `key` names. Both are 64
+    /// hex digits (SHA-256): `key` of everything the content is a function of, the deriving
+    /// code's version included; `slot` of what the content is (one module's rewritten index
+    /// shard, say), whose latest version alone the slot holds.
+    pub fn derived(&self, slot: &str, key: &str) -> Option<Digest> {
         let mut derived = self.derived.lock().ok()?;
-        if !derived.contains_key(key) {
-            self.unparsed.lock().ok()?.parse_derived(key, &mut derived);
+        if !derived.contains_key(slot) {
+            self.unparsed.lock().ok()?.parse_derived(slot, &mut derived);
         }
-        let entry = derived.get_mut(key)?;
-        if entry.used(self.now) {
+        let found = derived.get_mut(slot).filter(|found| found.key == key)?;
+        if found.entry.used(self.now) {
             self.changed.store(true, Ordering::Relaxed);
         }
-        Some(entry.remembered.digest.clone())
+        Some(found.entry.remembered.digest.clone())
     }
 
-    /// Remembers `digest` as that of the content derived from what `key` names.
-    pub fn remember_derived(&self, key: String, digest: Digest) {
+    /// Remembers `digest` as that of the content derived from what `key` names, in `slot` (see
+    /// [`DigestCache::derived`]), replacing what the slot held.
+    pub fn remember_derived(&self, slot: String, key: String, digest: Digest) {
         if let Ok(mut derived) = self.derived.lock() {
             let remembered = Remembered {
                 digest,
@@ -461,10 +476,11 @@ impl DigestCache {
             if let Ok(mut unparsed) = self.unparsed.lock() {
                 unparsed
                     .derived
-                    .take(key_hash(key.as_bytes()))
+                    .take(key_hash(slot.as_bytes()))
                     .for_each(drop);
             }
-            derived.insert(key, Entry::new(remembered, self.now));
+            let entry = Entry::new(remembered, self.now);
+            derived.insert(slot, Derived { key, entry });
             self.changed.store(true, Ordering::Relaxed);
         }
     }
@@ -499,7 +515,7 @@ impl DigestCache {
         };
         let unsaved = (entries.iter().filter(|(_, e)| !e.saved))
             .filter_map(file_line)
-            .chain((derived.iter().filter(|(_, e)| !e.saved)).map(derived_line))
+            .chain((derived.iter().filter(|(_, d)| !d.entry.saved)).map(derived_line))
             .collect::<Vec<_>>();
         // Keys of lines not looked up count as one each (a hash collision makes that one fewer).
         let files = entries.len() + unparsed.files.len();
@@ -517,7 +533,8 @@ impl DigestCache {
             Some(compact(file, &mut entries, &mut derived)?)
         };
         *lines = written;
-        for entry in entries.values_mut().chain(derived.values_mut()) {
+        let derived_entries = derived.values_mut().map(|d| &mut d.entry);
+        for entry in entries.values_mut().chain(derived_entries) {
             entry.saved = true;
         }
         Ok(())
@@ -529,10 +546,11 @@ fn file_line((key, entry): (&FileKey, &Entry)) -> Option<Vec<u8>> {
     Some(checked(&key.to_line(entry)?))
 }
 
-/// A derived digest's checked line: `derived <key> <last-used> <hash> <size>`.
-fn derived_line((key, entry): (&String, &Entry)) -> Vec<u8> {
+/// A derived digest's checked line: `derived <slot> <key> <last-used> <hash> <size>`.
+fn derived_line((slot, Derived { key, entry }): (&String, &Derived)) -> Vec<u8> {
     let Digest { hash, size_bytes } = &entry.remembered.digest;
-    let line = format!("{DERIVED} {key} {} {hash} {size_bytes}", entry.last_used);
+    let last_used = entry.last_used;
+    let line = format!("{DERIVED} {slot} {key} {last_used} {hash} {size_bytes}");
     checked(line.as_bytes())
 }
 
@@ -555,17 +573,20 @@ fn append(file: &Path, lines: &[Vec<u8>]) -> std::io::Result<()> {
 fn compact(
     file: &Path,
     entries: &mut HashMap<FileKey, Entry>,
-    derived: &mut HashMap<String, Entry>,
+    derived: &mut HashMap<String, Derived>,
 ) -> std::io::Result<usize> {
     if let Ok(bytes) = std::fs::read(file) {
         let saved = parse(&bytes);
         merge(entries, saved.entries);
-        merge(derived, saved.derived);
+        // A slot this process filled or used holds the newest version it knows.
+        for (slot, saved) in saved.derived {
+            derived.entry(slot).or_insert(saved);
+        }
     }
-    let kept = (most_recently_used(entries, MAX_ENTRIES).into_iter()).filter_map(file_line);
-    let kept_derived = most_recently_used(derived, MAX_DERIVED)
-        .into_iter()
-        .map(derived_line);
+    let kept = most_recently_used(entries, MAX_ENTRIES, |e| e.last_used);
+    let kept = kept.into_iter().filter_map(file_line);
+    let kept_derived = most_recently_used(derived, MAX_DERIVED, |d| d.entry.last_used);
+    let kept_derived = kept_derived.into_iter().map(derived_line);
     let dir = file.parent().unwrap_or(Path::new("."));
     create_private_dir(dir)?;
     let mut out = std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
@@ -584,7 +605,7 @@ fn compact(
 #[derive(Default)]
 struct Parsed {
     entries: HashMap<FileKey, Entry>,
-    derived: HashMap<String, Entry>,
+    derived: HashMap<String, Derived>,
     /// Its lines after the header, or None when it has no header of this format.
     lines: Option<usize>,
 }
@@ -601,8 +622,9 @@ fn parse(bytes: &[u8]) -> Parsed {
     // A later line for the same key supersedes an earlier one: the later use wins.
     for line in lines[1..].iter().filter_map(|line| verified(line)) {
         if let Some(rest) = line.strip_prefix(DERIVED.as_bytes()) {
-            if let Some((key, entry)) = derived_from_line(rest) {
-                merge_one(&mut parsed.derived, key, entry);
+            // A later line for a slot replaces an earlier one.
+            if let Some((slot, derived)) = derived_from_line(rest) {
+                parsed.derived.insert(slot, derived);
             }
         } else if let Some((key, entry)) = FileKey::from_line(line) {
             merge_one(&mut parsed.entries, key, entry);
@@ -617,7 +639,7 @@ struct Unparsed {
     bytes: Vec<u8>,
     /// File lines by [`FileKey::hash`].
     files: LineIndex,
-    /// Derived lines by the hash of their key.
+    /// Derived lines by the hash of their slot.
     derived: LineIndex,
 }
 
@@ -663,14 +685,16 @@ impl Unparsed {
         }
     }
 
-    /// Parses the lines that may hold the derived digest of `key` into `derived`.
-    fn parse_derived(&mut self, key: &str, derived: &mut HashMap<String, Entry>) {
-        for line in self.derived.take(key_hash(key.as_bytes())) {
+    /// Parses the lines that may hold `slot` into `derived` (in file order: the last one wins).
+    fn parse_derived(&mut self, slot: &str, derived: &mut HashMap<String, Derived>) {
+        for line in self.derived.take(key_hash(slot.as_bytes())) {
             let parsed = verified(&self.bytes[line])
                 .and_then(|line| line.strip_prefix(DERIVED.as_bytes()))
                 .and_then(derived_from_line);
-            if let Some((key, entry)) = parsed {
-                merge_one(derived, key, entry);
+            if let Some((parsed_slot, found)) = parsed
+                && parsed_slot == slot
+            {
+                derived.insert(parsed_slot, found);
             }
         }
     }
@@ -718,9 +742,14 @@ impl LineIndex {
 fn key_of(line: &[u8]) -> Option<(bool, u64)> {
     let rest = line.get(CHECKSUM_DIGITS..)?.strip_prefix(b" ")?;
     if let Some(rest) = rest.strip_prefix(DERIVED.as_bytes()) {
+        // `<slot> <key> <last-used> <hash> <size>`: a line of the slotless format (one field
+        // fewer) is not indexed, so it counts as dead, and the next compaction drops it.
         let rest = rest.strip_prefix(b" ")?;
-        let key = &rest[..memchr::memchr(b' ', rest)?];
-        return Some((false, key_hash(key)));
+        if memchr::memchr_iter(b' ', rest).count() != 4 {
+            return None;
+        }
+        let slot = &rest[..memchr::memchr(b' ', rest)?];
+        return Some((false, key_hash(slot)));
     }
     // `device inode size mtime ctime` (the stamp), 4 fields, the path.
     let stamp_end = memchr::memchr_iter(b' ', rest).nth(4)?;
@@ -735,24 +764,32 @@ fn key_hash(key: &[u8]) -> u64 {
     hasher.finish()
 }
 
-/// ` <key> <last-used> <hash> <size>` (after the `derived` word).
-fn derived_from_line(rest: &[u8]) -> Option<(String, Entry)> {
+/// ` <slot> <key> <last-used> <hash> <size>` (after the `derived` word).
+fn derived_from_line(rest: &[u8]) -> Option<(String, Derived)> {
     let text = std::str::from_utf8(rest).ok()?;
     let mut fields = text.strip_prefix(' ')?.split(' ');
+    let slot = fields.next()?;
     let key = fields.next()?;
     let last_used = fields.next()?.parse().ok()?;
     let hash = fields.next()?.to_owned();
     let size_bytes = fields.next()?.parse().ok()?;
     let digest = Digest { hash, size_bytes };
-    let valid = fields.next().is_none()
-        && key.len() == 64
-        && key.bytes().all(|b| b.is_ascii_hexdigit())
-        && digest::is_valid(&digest);
+    let hex64 = |field: &str| field.len() == 64 && field.bytes().all(|b| b.is_ascii_hexdigit());
+    let valid = fields.next().is_none() && hex64(slot) && hex64(key) && digest::is_valid(&digest);
     let remembered = Remembered {
         digest,
         module_hash: None,
     };
-    valid.then(|| (key.to_owned(), Entry::saved(remembered, last_used)))
+    let entry = Entry::saved(remembered, last_used);
+    valid.then(|| {
+        (
+            slot.to_owned(),
+            Derived {
+                key: key.to_owned(),
+                entry,
+            },
+        )
+    })
 }
 
 /// Adds to `entries` what another process saved meanwhile (the later use of each wins).
@@ -769,10 +806,14 @@ fn merge_one<K: std::hash::Hash + Eq>(entries: &mut HashMap<K, Entry>, key: K, s
 }
 
 /// At most `max` of `entries`, the most recently used.
-fn most_recently_used<K>(entries: &HashMap<K, Entry>, max: usize) -> Vec<(&K, &Entry)> {
-    let mut kept: Vec<(&K, &Entry)> = entries.iter().collect();
+fn most_recently_used<K, V>(
+    entries: &HashMap<K, V>,
+    max: usize,
+    last_used: impl Fn(&V) -> u64,
+) -> Vec<(&K, &V)> {
+    let mut kept: Vec<(&K, &V)> = entries.iter().collect();
     if kept.len() > max {
-        kept.sort_unstable_by_key(|(_, entry)| std::cmp::Reverse(entry.last_used));
+        kept.sort_unstable_by_key(|(_, entry)| std::cmp::Reverse(last_used(entry)));
         kept.truncate(max);
     }
     kept
@@ -886,22 +927,78 @@ mod tests {
     fn derived_digests_survive_a_round_trip_and_older_readers_skip_them() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("digests");
-        let key = "ab".repeat(32);
+        let (slot, key) = ("cd".repeat(32), "ab".repeat(32));
         let cache = DigestCache::open(Some(file.clone()));
-        assert_eq!(cache.derived(&key), None);
-        cache.remember_derived(key.clone(), digest::of_bytes(b"rewritten"));
+        assert_eq!(cache.derived(&slot, &key), None);
+        cache.remember_derived(slot.clone(), key.clone(), digest::of_bytes(b"rewritten"));
         cache.save().unwrap();
         let again = DigestCache::open(Some(file.clone()));
-        assert_eq!(again.derived(&key), Some(digest::of_bytes(b"rewritten")));
+        assert_eq!(
+            again.derived(&slot, &key),
+            Some(digest::of_bytes(b"rewritten"))
+        );
+        // Another key in the slot is not what it holds.
+        assert_eq!(again.derived(&slot, &"ef".repeat(32)), None);
         // A derived line is no file entry; a malformed one is skipped.
         let text = std::fs::read_to_string(&file).unwrap();
         let line = verified(text.lines().nth(1).unwrap().as_bytes()).unwrap();
         assert!(FileKey::from_line(line).is_none());
-        let bad = checked(format!("derived {key} 1 not-a-hash 9").as_bytes());
+        let bad = checked(format!("derived {slot} {key} 1 not-a-hash 9").as_bytes());
         std::fs::write(&file, [text.as_bytes(), &bad].concat()).unwrap();
         assert_eq!(
-            DigestCache::open(Some(file)).derived(&key),
+            DigestCache::open(Some(file)).derived(&slot, &key),
             Some(digest::of_bytes(b"rewritten"))
+        );
+    }
+
+    #[test]
+    fn a_slot_holds_the_latest_version_and_the_dead_lines_are_compacted_away() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let slot = "cd".repeat(32);
+        let version = |i: usize| {
+            (
+                format!("{i:064x}"),
+                digest::of_bytes(i.to_string().as_bytes()),
+            )
+        };
+        // Relinks that each change what the slot's content derives from, as edits do: each
+        // appends one line, which replaces the one before.
+        for i in 0..3 {
+            let cache = DigestCache::open(Some(store.clone()));
+            let (key, digest) = version(i);
+            if i > 0 {
+                assert_eq!(
+                    cache.derived(&slot, &version(i - 1).0),
+                    Some(version(i - 1).1)
+                );
+            }
+            assert_eq!(cache.derived(&slot, &key), None);
+            cache.remember_derived(slot.clone(), key, digest);
+            cache.save().unwrap();
+        }
+        let cache = DigestCache::open(Some(store.clone()));
+        assert_eq!(cache.derived(&slot, &version(2).0), Some(version(2).1));
+        assert_eq!(cache.derived(&slot, &version(1).0), None);
+        // One live entry: lines beyond twice that and the slack make the next save compact,
+        // with the slotless lines of the format before, which are not read.
+        let mut text = std::fs::read(&store).unwrap();
+        let legacy =
+            checked(format!("derived {} 1 {} 1", "ab".repeat(32), "ef".repeat(32)).as_bytes());
+        for _ in 0..COMPACT_SLACK {
+            text.extend_from_slice(&legacy);
+        }
+        std::fs::write(&store, &text).unwrap();
+        let cache = DigestCache::open(Some(store.clone()));
+        assert_eq!(cache.derived(&"ab".repeat(32), &"ef".repeat(32)), None);
+        let (key, digest) = version(3);
+        cache.remember_derived(slot.clone(), key.clone(), digest.clone());
+        cache.save().unwrap();
+        let compacted = std::fs::read_to_string(&store).unwrap();
+        assert_eq!(compacted.lines().count(), 2, "{compacted}");
+        assert_eq!(
+            DigestCache::open(Some(store)).derived(&slot, &key),
+            Some(digest)
         );
     }
 
@@ -992,13 +1089,13 @@ mod tests {
                 (key, entry)
             })
             .collect();
-        let mut kept: Vec<u64> = most_recently_used(&entries, 3)
+        let mut kept: Vec<u64> = most_recently_used(&entries, 3, |e| e.last_used)
             .iter()
             .map(|(_, e)| e.last_used / USE_RESOLUTION_SECS)
             .collect();
         kept.sort_unstable();
         assert_eq!(kept, [7, 8, 9]);
-        assert_eq!(most_recently_used(&entries, 20).len(), 10);
+        assert_eq!(most_recently_used(&entries, 20, |e| e.last_used).len(), 10);
     }
 
     #[test]
@@ -1128,8 +1225,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("file-digests");
         let key = |i: usize| format!("{i:064x}");
+        let slot = |i: usize| format!("{:064x}", i + 100);
         let cache = DigestCache::open(Some(store.clone()));
-        cache.remember_derived(key(0), digest::of_bytes(b"0"));
+        cache.remember_derived(slot(0), key(0), digest::of_bytes(b"0"));
         cache.save().unwrap();
         // The same entry appended again and again (as links do that record a use), and torn
         // lines: more than twice the lines the one entry needs, and the slack.
@@ -1142,15 +1240,21 @@ mod tests {
         std::fs::write(&store, &text).unwrap();
         let grown = DigestCache::open(Some(store.clone()));
         assert_eq!(*grown.lines.lock().unwrap(), Some(2 * COMPACT_SLACK + 5));
-        grown.remember_derived(key(1), digest::of_bytes(b"1"));
+        grown.remember_derived(slot(1), key(1), digest::of_bytes(b"1"));
         grown.save().unwrap();
         // Written whole: the header and the two entries' lines.
         let compacted = std::fs::read_to_string(&store).unwrap();
         assert_eq!(compacted.lines().count(), 3, "{compacted}");
         assert!(compacted.starts_with(HEADER));
         let again = DigestCache::open(Some(store));
-        assert_eq!(again.derived(&key(0)), Some(digest::of_bytes(b"0")));
-        assert_eq!(again.derived(&key(1)), Some(digest::of_bytes(b"1")));
+        assert_eq!(
+            again.derived(&slot(0), &key(0)),
+            Some(digest::of_bytes(b"0"))
+        );
+        assert_eq!(
+            again.derived(&slot(1), &key(1)),
+            Some(digest::of_bytes(b"1"))
+        );
     }
 
     #[test]

@@ -148,14 +148,16 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
 ///
 /// The rewrite's digest is remembered in `memo` (a derived digest of the digest cache), keyed by
 /// everything the rewrite is a function of: the shard's digest, the job's modules (path and
-/// digest, in job order) and [`REWRITE_VERSION`]. When it is known, the shard is not even read:
-/// its rewrite is made only if the action must be uploaded (a cache miss), and checked against
-/// that digest.
+/// digest, in job order) and [`REWRITE_VERSION`], in the slot of the job's module (see
+/// [`rewrite_slot`]; `cwd` is the directory the job file's paths are relative to). When it is
+/// known, the shard is not even read: its rewrite is made only if the action must be uploaded (a
+/// cache miss), and checked against that digest.
 pub fn canonical(
     job_file: &JobFile,
     job: &Job,
     digests: &FileDigests,
     memo: &DigestCache,
+    cwd: &Path,
 ) -> Result<Layout, NotRemotable> {
     let not_hashed = |path: &Path| NotRemotable {
         cause: "planning",
@@ -174,6 +176,7 @@ pub fn canonical(
     let names = content_names(&infos);
     let hashes: Vec<Option<[u32; 5]>> = infos.iter().map(|info| info.module_hash).collect();
     let key = rewrite_key(shard_digest, job, &infos);
+    let slot = rewrite_slot(cwd, job);
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
     layout
@@ -183,7 +186,7 @@ pub fn canonical(
         layout.inputs.push((name.clone(), info.local.clone()));
     }
     layout.rename(job.module(), names[0].to_string());
-    let shard = match memo.derived(&key) {
+    let shard = match memo.derived(&slot, &key) {
         Some(digest) => {
             let inputs = job.inputs.clone();
             let expected = digest.clone();
@@ -222,7 +225,7 @@ pub fn canonical(
             }
             let rewritten = rewrite(&bytes, shard_path, &module_list(modules), &hashes, &names)?;
             let digest = digest::of_bytes(&rewritten);
-            memo.remember_derived(key, digest.clone());
+            memo.remember_derived(slot, key, digest.clone());
             Generated {
                 path: SHARD_NAME.to_owned(),
                 digest,
@@ -268,6 +271,17 @@ fn rewrite_key(shard: &Digest, job: &Job, infos: &[&FileInfo]) -> String {
         field(info.digest.hash.as_bytes());
         field(&info.digest.size_bytes.to_le_bytes());
     }
+    hex::encode(hasher.finalize())
+}
+
+/// The digest cache slot of a job's rewritten index shard: its module, by absolute path. An edit
+/// that changes what the shard is rewritten from (an imported module, the shard itself) replaces
+/// the slot's entry at the next relink instead of adding one.
+fn rewrite_slot(cwd: &Path, job: &Job) -> String {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"rewritten index shard of the module ");
+    hasher.update(cwd.join(job.module()).as_os_str().as_encoded_bytes());
     hex::encode(hasher.finalize())
 }
 
@@ -573,7 +587,7 @@ mod tests {
             &crate::cache::DigestCache::open(None),
         )
         .unwrap();
-        let layout = canonical(&file, job, &digests, &DigestCache::open(None)).unwrap();
+        let layout = canonical(&file, job, &digests, &DigestCache::open(None), dir).unwrap();
         (layout, file, digests)
     }
 
@@ -672,8 +686,8 @@ mod tests {
         );
         let memo = DigestCache::open(None);
         let job = &file.jobs[0];
-        let made = canonical(&file, job, &digests, &memo).unwrap();
-        let remembered = canonical(&file, job, &digests, &memo).unwrap();
+        let made = canonical(&file, job, &digests, &memo, dir.path()).unwrap();
+        let remembered = canonical(&file, job, &digests, &memo, dir.path()).unwrap();
         let (made, remembered) = (&made.generated[0], &remembered.generated[0]);
         assert_eq!(made.digest, first.generated[0].digest);
         assert_eq!(remembered.digest, made.digest);
@@ -692,8 +706,9 @@ mod tests {
             .collect();
         let wrong = DigestCache::open(None);
         let other = digest::of_bytes(b"something else");
-        wrong.remember_derived(rewrite_key(shard, job, &infos), other.clone());
-        let layout = canonical(&file, job, &digests, &wrong).unwrap();
+        let slot = rewrite_slot(dir.path(), job);
+        wrong.remember_derived(slot, rewrite_key(shard, job, &infos), other.clone());
+        let layout = canonical(&file, job, &digests, &wrong, dir.path()).unwrap();
         let BlobSource::Deferred(deferred) = &layout.generated[0].source else {
             panic!("not deferred");
         };

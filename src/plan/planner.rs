@@ -242,7 +242,7 @@ impl Planner {
         warn_once: WarnOnce<'_>,
     ) -> Result<layout::Layout, NotRemotable> {
         if self.layout == LayoutKind::Canonical {
-            match layout::canonical(job_file, job, &self.digests, &self.cache) {
+            match layout::canonical(job_file, job, &self.digests, &self.cache, &self.cwd) {
                 Ok(layout) => return Ok(layout),
                 Err(e) => warn_once(
                     e.cause,
