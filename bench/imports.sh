@@ -92,7 +92,7 @@ for round in $(seq "$runs"); do
     [[ -d $out/disk-cache ]] || ours fill-disk "$project" --remote="$server_url" --disk-cache="$out/disk-cache"
     ours cached "$project" --remote="$server_url" --strategy=remote
     fresh=$out/fresh-$round
-    mkdir -p "$fresh" && cp "$project"/*.o "$project/inputs.rsp" "$fresh/"
+    copy_objects "$fresh"
     ours fresh-dir "$fresh" --remote="$server_url" --strategy=remote
     link floor "$project" "$root/bench/floor_distributor.py"
     ours disk-cached "$project" --disk-cache="$out/disk-cache"

@@ -3,7 +3,8 @@
 # $out, compiles it with -flto=thin $jobs at a time, and lists the objects in $project/inputs.rsp.
 # `start_server [serve args...]` (re)starts `dtlto-reapi serve --workers $jobs` and sets
 # $server_url (started through the command in the array $serve_launch, if set: see bench/racing.sh);
-# `stop_server` stops it (the scripts `trap stop_server EXIT`).
+# `stop_server` stops it (the scripts `trap stop_server EXIT`). `copy_objects DIR` copies the
+# project's objects and inputs.rsp into DIR (a fresh build directory).
 
 generate_project() {
     say "generating and compiling $modules modules x $functions functions in $project"
@@ -15,6 +16,13 @@ generate_project() {
             'for f; do "$0" --target=x86_64-linux-gnu -O2 -flto=thin -c "$f" -o "${f%.c}.o" || exit 1; done' "$CLANG"
         printf '%s\n' *.o >inputs.rsp
     )
+}
+
+copy_objects() {
+    mkdir -p "$1"
+    # find, not a glob: 50,000 objects overflow an exec's argument list.
+    find "$project" -maxdepth 1 -name '*.o' -exec cp -t "$1" {} +
+    cp "$project/inputs.rsp" "$1/"
 }
 
 server_pid=

@@ -67,7 +67,7 @@ for round in $(seq "$runs"); do
     link remote-cached "$project" --remote="$server_url" --strategy=remote
     backend_flag=-fno-slp-vectorize link remote-rerun "$project" --remote="$server_url" --strategy=remote
     fresh=$out/fresh-$round
-    mkdir -p "$fresh" && cp "$project"/*.o "$project/inputs.rsp" "$fresh/"
+    copy_objects "$fresh"
     link fresh-dir "$fresh" --remote="$server_url" --strategy=remote
     rm -rf "$out/lld-cache" && lld_cache_link lld-cache-cold "$out/lld-cache"
     lld_cache_link lld-cache-warm "$out/lld-cache"

@@ -107,7 +107,7 @@ for modules in $sizes; do
                 "$(measured "remote-cached$variant" "$binary")" \
                 --remote="$server_url" --strategy=remote --stats-json="$out/remote-cached$variant.stats.json"
             fresh=$out/fresh$variant-$round
-            mkdir -p "$fresh" && cp "$project"/*.o "$project/inputs.rsp" "$fresh/"
+            copy_objects "$fresh"
             timed "fresh-dir$variant" "$fresh" distributed "fresh-dir$variant" "$(measured "fresh-dir$variant" "$binary")" \
                 --remote="$server_url" --strategy=remote --stats-json="$out/fresh-dir$variant.stats.json"
             # The previous round's copy: only the last is kept (it is checked below).
