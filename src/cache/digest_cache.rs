@@ -67,6 +67,10 @@ const USE_RESOLUTION_SECS: u64 = 24 * 60 * 60;
 /// Derived digests kept at most; beyond it, the least recently used are dropped.
 const MAX_DERIVED: usize = 100_000;
 
+/// What a trim keeps of the cap, as a fraction: room for the next links to append before the next
+/// compaction.
+const TRIMMED_SHARE: (usize, usize) = (3, 4);
+
 /// The first word of a derived digest's line.
 const DERIVED: &str = "derived";
 
@@ -145,6 +149,14 @@ impl FileKey {
     /// paths to one file are both parsed, and told apart then).
     fn hash(&self) -> u64 {
         key_hash(self.stamp_fields().as_bytes())
+    }
+
+    /// A hash of the whole key, the path included (two paths may name one file version).
+    fn identity(&self) -> u64 {
+        use std::hash::Hasher;
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(self, &mut hasher);
+        hasher.finish()
     }
 
     /// `device inode size mtime ctime`: how a line starts, and what its index hash is over.
@@ -240,6 +252,9 @@ struct Entry {
     last_used: u64,
     /// The file holds the entry as it is: a save need not write it.
     saved: bool,
+    /// This process looked it up or inserted it: trimming keeps it before any other, since
+    /// [`Entry::last_used`] cannot tell apart the entries of one day.
+    this_link: bool,
 }
 
 impl Entry {
@@ -248,6 +263,7 @@ impl Entry {
             remembered,
             last_used,
             saved: true,
+            this_link: false,
         }
     }
 
@@ -256,12 +272,14 @@ impl Entry {
             remembered,
             last_used,
             saved: false,
+            this_link: true,
         }
     }
 
     /// Records a use now, when the last recorded one is older than [`USE_RESOLUTION_SECS`];
     /// whether it did (the entry must then be saved again).
     fn used(&mut self, now: u64) -> bool {
+        self.this_link = true;
         let stale = self.last_used + USE_RESOLUTION_SECS <= now;
         if stale {
             self.last_used = now;
@@ -530,7 +548,7 @@ impl DigestCache {
             // And the newline the block starts with.
             lines.map(|lines| lines + unsaved.len() + usize::from(!unsaved.is_empty()))
         } else {
-            Some(compact(file, &mut entries, &mut derived)?)
+            Some(compact(file, &entries, &derived)?)
         };
         *lines = written;
         let derived_entries = derived.values_mut().map(|d| &mut d.entry);
@@ -570,67 +588,131 @@ fn append(file: &Path, lines: &[Vec<u8>]) -> std::io::Result<()> {
 
 /// Writes the whole cache, merged with what is in `file` by now and trimmed to the most recently
 /// used, to a temporary file renamed over `file`; the lines it wrote.
+///
+/// The lines on disk are checked and parsed one at a time and kept as they are (a range of the
+/// file's bytes), not as entries: at 50,000 modules the file holds some 200,000 lines, and making an
+/// entry of each (paths, digests, map slots) took the link's memory up by ~2 KB a line.
 fn compact(
     file: &Path,
-    entries: &mut HashMap<FileKey, Entry>,
-    derived: &mut HashMap<String, Derived>,
+    entries: &HashMap<FileKey, Entry>,
+    derived: &HashMap<String, Derived>,
 ) -> std::io::Result<usize> {
-    if let Ok(bytes) = std::fs::read(file) {
-        let saved = parse(&bytes);
-        merge(entries, saved.entries);
-        // A slot this process filled or used holds the newest version it knows.
-        for (slot, saved) in saved.derived {
-            derived.entry(slot).or_insert(saved);
+    let on_disk = std::fs::read(file).unwrap_or_default();
+    let mut candidates = lines_on_disk(&on_disk);
+    // This process's entries come last, so that they supersede the lines of the same keys.
+    for (key, entry) in entries {
+        if let Some(line) = file_line((key, entry)) {
+            candidates.push(Candidate::made(key.identity(), false, entry, line));
         }
     }
-    let kept = most_recently_used(entries, MAX_ENTRIES, |e| e.last_used);
-    let kept = kept.into_iter().filter_map(file_line);
-    let kept_derived = most_recently_used(derived, MAX_DERIVED, |d| d.entry.last_used);
-    let kept_derived = kept_derived.into_iter().map(derived_line);
+    for (slot, found) in derived {
+        let line = derived_line((slot, found));
+        candidates.push(Candidate::made(
+            key_hash(slot.as_bytes()),
+            true,
+            &found.entry,
+            line,
+        ));
+    }
+    // One line per key: the most recently used, the later of equals.
+    let mut newest: HashMap<(bool, u64), usize> = HashMap::with_capacity(candidates.len());
+    for (at, candidate) in candidates.iter().enumerate() {
+        let newest = newest
+            .entry((candidate.derived, candidate.identity))
+            .or_insert(at);
+        if candidates[*newest].last_used <= candidate.last_used {
+            *newest = at;
+        }
+    }
+    let (derived_lines, file_lines): (Vec<usize>, Vec<usize>) =
+        newest.into_values().partition(|&at| candidates[at].derived);
+    let mut kept = most_recently_used(file_lines, &candidates, MAX_ENTRIES);
+    kept.extend(most_recently_used(derived_lines, &candidates, MAX_DERIVED));
+    // In the order they came: a later compaction prefers the later of a day's lines.
+    kept.sort_unstable();
     let dir = file.parent().unwrap_or(Path::new("."));
     create_private_dir(dir)?;
     let mut out = std::io::BufWriter::new(tempfile::NamedTempFile::new_in(dir)?);
     writeln!(out, "{HEADER}")?;
-    let mut lines = 0;
-    for line in kept.chain(kept_derived) {
-        out.write_all(&line)?;
-        lines += 1;
+    for &at in &kept {
+        match &candidates[at].line {
+            Line::OnDisk(range) => out.write_all(&on_disk[range.clone()])?,
+            Line::Made(line) => out.write_all(line)?,
+        }
     }
     let tmp = out.into_inner().map_err(|e| e.into_error())?;
     tmp.persist(file).map_err(|e| e.error)?;
-    Ok(lines)
+    Ok(kept.len())
 }
 
-/// What a cache file holds.
-#[derive(Default)]
-struct Parsed {
-    entries: HashMap<FileKey, Entry>,
-    derived: HashMap<String, Derived>,
-    /// Its lines after the header, or None when it has no header of this format.
-    lines: Option<usize>,
+/// A line a compaction may write.
+struct Candidate {
+    /// A hash of the entry's key (a file's stamp and path, a derived digest's slot): the lines of
+    /// one key hold versions of one entry, of which one is kept. Two keys of one hash would keep
+    /// one entry of the two, which costs a hash later, never a wrong digest.
+    identity: u64,
+    derived: bool,
+    last_used: u64,
+    this_link: bool,
+    line: Line,
 }
 
-fn parse(bytes: &[u8]) -> Parsed {
-    let mut lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
-    // Empty after the final newline; a line cut short (no newline) is never trusted.
-    lines.pop();
-    let mut parsed = Parsed::default();
-    if lines.first() != Some(&HEADER.as_bytes()) {
-        return parsed;
-    }
-    parsed.lines = Some(lines.len() - 1);
-    // A later line for the same key supersedes an earlier one: the later use wins.
-    for line in lines[1..].iter().filter_map(|line| verified(line)) {
-        if let Some(rest) = line.strip_prefix(DERIVED.as_bytes()) {
-            // A later line for a slot replaces an earlier one.
-            if let Some((slot, derived)) = derived_from_line(rest) {
-                parsed.derived.insert(slot, derived);
-            }
-        } else if let Some((key, entry)) = FileKey::from_line(line) {
-            merge_one(&mut parsed.entries, key, entry);
+enum Line {
+    /// The line's bytes in the file read, its newline included.
+    OnDisk(Range<usize>),
+    /// A checked line made from this process's entry.
+    Made(Vec<u8>),
+}
+
+impl Candidate {
+    fn made(identity: u64, derived: bool, entry: &Entry, line: Vec<u8>) -> Candidate {
+        Candidate {
+            identity,
+            derived,
+            last_used: entry.last_used,
+            this_link: entry.this_link,
+            line: Line::Made(line),
         }
     }
-    parsed
+}
+
+/// The valid lines of a cache file's `bytes`, in order (none when it has no header of this
+/// format); a line cut short (no newline) is never trusted.
+fn lines_on_disk(bytes: &[u8]) -> Vec<Candidate> {
+    let mut candidates = Vec::new();
+    let mut start = 0;
+    for end in memchr::memchr_iter(b'\n', bytes) {
+        let (line, range) = (&bytes[start..end], start..end + 1);
+        let first = start == 0;
+        start = end + 1;
+        if first {
+            if line != HEADER.as_bytes() {
+                return candidates;
+            }
+            continue;
+        }
+        let Some(line) = verified(line) else {
+            continue;
+        };
+        let (identity, derived, last_used) = match line.strip_prefix(DERIVED.as_bytes()) {
+            Some(rest) => match derived_from_line(rest) {
+                Some((slot, found)) => (key_hash(slot.as_bytes()), true, found.entry.last_used),
+                None => continue,
+            },
+            None => match FileKey::from_line(line) {
+                Some((key, entry)) => (key.identity(), false, entry.last_used),
+                None => continue,
+            },
+        };
+        candidates.push(Candidate {
+            identity,
+            derived,
+            last_used,
+            this_link: false,
+            line: Line::OnDisk(range),
+        });
+    }
+    candidates
 }
 
 /// The lines of a cache file, indexed by a hash of their keys and parsed only when looked up.
@@ -792,29 +874,36 @@ fn derived_from_line(rest: &[u8]) -> Option<(String, Derived)> {
     })
 }
 
-/// Adds to `entries` what another process saved meanwhile (the later use of each wins).
-fn merge<K: std::hash::Hash + Eq>(entries: &mut HashMap<K, Entry>, saved: HashMap<K, Entry>) {
-    for (key, saved) in saved {
-        merge_one(entries, key, saved);
-    }
-}
-
+/// Adds an entry read from the file to `entries`: one already there stays, with the later use of the two.
 fn merge_one<K: std::hash::Hash + Eq>(entries: &mut HashMap<K, Entry>, key: K, saved: Entry) {
     let last_used = saved.last_used;
     let entry = entries.entry(key).or_insert(saved);
     entry.last_used = entry.last_used.max(last_used);
 }
 
-/// At most `max` of `entries`, the most recently used.
-fn most_recently_used<K, V>(
-    entries: &HashMap<K, V>,
-    max: usize,
-    last_used: impl Fn(&V) -> u64,
-) -> Vec<(&K, &V)> {
-    let mut kept: Vec<(&K, &V)> = entries.iter().collect();
+/// All of `kept` (indices into `candidates`) if they are at most `max`; else the most recently
+/// used, this link's first, down to [`TRIMMED_SHARE`] of `max` (or as many as this link used, if
+/// more, up to `max`).
+///
+/// Trimming below the cap lets the links after it append again: trimmed to the cap exactly, the
+/// cache compacted on every link that added anything, and with `last_used` equal for a day's
+/// entries, each compaction dropped an arbitrary part of what the next link would look up (at
+/// 50,000 modules, a relink's rewritten shards: made again, and the cache compacted again).
+fn most_recently_used(mut kept: Vec<usize>, candidates: &[Candidate], max: usize) -> Vec<usize> {
     if kept.len() > max {
-        kept.sort_unstable_by_key(|(_, entry)| std::cmp::Reverse(last_used(entry)));
-        kept.truncate(max);
+        let this_link = kept.iter().filter(|&&at| candidates[at].this_link).count();
+        let keep = (max / TRIMMED_SHARE.1 * TRIMMED_SHARE.0)
+            .max(this_link)
+            .min(max);
+        kept.sort_unstable_by_key(|&at| {
+            let Candidate {
+                this_link,
+                last_used,
+                ..
+            } = candidates[at];
+            std::cmp::Reverse((this_link, last_used, at))
+        });
+        kept.truncate(keep);
     }
     kept
 }
@@ -1077,25 +1166,34 @@ mod tests {
     }
 
     #[test]
-    fn trimming_keeps_the_most_recently_used() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("f");
-        std::fs::write(&file, b"abc").unwrap();
-        let meta = platform::stamp_path(&file).unwrap();
-        let entries: HashMap<FileKey, Entry> = (0..10u64)
-            .map(|day| {
-                let key = FileKey::new(&dir.path().join(day.to_string()), &meta);
-                let entry = Entry::new(remembered(b"abc", None), day * USE_RESOLUTION_SECS);
-                (key, entry)
-            })
-            .collect();
-        let mut kept: Vec<u64> = most_recently_used(&entries, 3, |e| e.last_used)
-            .iter()
-            .map(|(_, e)| e.last_used / USE_RESOLUTION_SECS)
-            .collect();
-        kept.sort_unstable();
-        assert_eq!(kept, [7, 8, 9]);
-        assert_eq!(most_recently_used(&entries, 20, |e| e.last_used).len(), 10);
+    fn trimming_keeps_this_links_entries_then_the_most_recently_used_below_the_cap() {
+        // Days 0 to 9 as read from the file, then two entries of day 0 that this link looked up.
+        let candidate = |day: u64, this_link| Candidate {
+            identity: 0,
+            derived: false,
+            last_used: day * USE_RESOLUTION_SECS,
+            this_link,
+            line: Line::Made(Vec::new()),
+        };
+        let mut candidates: Vec<Candidate> = (0..10).map(|day| candidate(day, false)).collect();
+        candidates.extend([candidate(0, true), candidate(0, true)]);
+        let kept = |candidates: &[Candidate], max| {
+            let mut kept = most_recently_used((0..12).collect(), candidates, max);
+            kept.sort_unstable();
+            kept
+        };
+        assert_eq!(
+            kept(&candidates, 20).len(),
+            12,
+            "under the cap, nothing goes"
+        );
+        // Over the cap of 8: three quarters of it, this link's first.
+        assert_eq!(kept(&candidates, 8), [6, 7, 8, 9, 10, 11]);
+        // This link's entries stay even beyond three quarters, up to the cap.
+        assert_eq!(kept(&candidates, 2), [10, 11]);
+        // Among a day's entries, the later lines.
+        candidates.iter_mut().for_each(|c| c.last_used = 0);
+        assert_eq!(kept(&candidates, 8), [6, 7, 8, 9, 10, 11]);
     }
 
     #[test]
@@ -1255,6 +1353,60 @@ mod tests {
             again.derived(&slot(1), &key(1)),
             Some(digest::of_bytes(b"1"))
         );
+    }
+
+    #[test]
+    fn a_compaction_over_the_cap_keeps_what_this_link_used_and_leaves_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        // A full cache of derived digests, all used today: `last_used` cannot tell them apart.
+        let today = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let (slot, key) = (
+            |i: usize| format!("{i:064x}"),
+            |i: usize| format!("{:064x}", i + 1),
+        );
+        let hash = "a".repeat(64);
+        let mut text = format!("{HEADER}\n").into_bytes();
+        for i in 0..MAX_DERIVED {
+            let line = format!("{DERIVED} {} {} {today} {hash} 3", slot(i), key(i));
+            text.extend(checked(line.as_bytes()));
+        }
+        std::fs::write(&store, &text).unwrap();
+        // This link uses the first lines (the ones an arbitrary trim among equals drops first)
+        // and adds one: over the cap, so the save compacts.
+        let cache = DigestCache::open(Some(store.clone()));
+        let used = 0..10;
+        for i in used.clone() {
+            assert!(cache.derived(&slot(i), &key(i)).is_some());
+        }
+        let new = digest::of_bytes(b"new");
+        cache.remember_derived(slot(MAX_DERIVED), key(MAX_DERIVED), new.clone());
+        cache.save().unwrap();
+
+        let compacted = std::fs::read_to_string(&store).unwrap();
+        let kept = MAX_DERIVED / TRIMMED_SHARE.1 * TRIMMED_SHARE.0;
+        assert_eq!(compacted.lines().count(), 1 + kept);
+        let again = DigestCache::open(Some(store));
+        for i in used {
+            assert!(
+                again.derived(&slot(i), &key(i)).is_some(),
+                "line {i} dropped"
+            );
+        }
+        assert_eq!(
+            again.derived(&slot(MAX_DERIVED), &key(MAX_DERIVED)),
+            Some(new)
+        );
+        // The rest are the latest lines of the file.
+        assert!(
+            again
+                .derived(&slot(MAX_DERIVED - 1), &key(MAX_DERIVED - 1))
+                .is_some()
+        );
+        assert!(again.derived(&slot(10), &key(10)).is_none());
     }
 
     #[test]
