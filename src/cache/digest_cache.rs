@@ -677,42 +677,47 @@ impl Candidate {
 }
 
 /// The valid lines of a cache file's `bytes`, in order (none when it has no header of this
-/// format); a line cut short (no newline) is never trusted.
+/// format).
 fn lines_on_disk(bytes: &[u8]) -> Vec<Candidate> {
-    let mut candidates = Vec::new();
-    let mut start = 0;
-    for end in memchr::memchr_iter(b'\n', bytes) {
-        let (line, range) = (&bytes[start..end], start..end + 1);
-        let first = start == 0;
-        start = end + 1;
-        if first {
-            if line != HEADER.as_bytes() {
-                return candidates;
-            }
-            continue;
-        }
-        let Some(line) = verified(line) else {
-            continue;
-        };
+    let Some(body) = body_lines(bytes) else {
+        return Vec::new();
+    };
+    body.filter_map(|range| {
+        let line = verified(&bytes[range.clone()])?;
         let (identity, derived, last_used) = match line.strip_prefix(DERIVED.as_bytes()) {
-            Some(rest) => match derived_from_line(rest) {
-                Some((slot, found)) => (key_hash(slot.as_bytes()), true, found.entry.last_used),
-                None => continue,
-            },
-            None => match FileKey::from_line(line) {
-                Some((key, entry)) => (key.identity(), false, entry.last_used),
-                None => continue,
-            },
+            Some(rest) => {
+                let (slot, found) = derived_from_line(rest)?;
+                (key_hash(slot.as_bytes()), true, found.entry.last_used)
+            }
+            None => {
+                let (key, entry) = FileKey::from_line(line)?;
+                (key.identity(), false, entry.last_used)
+            }
         };
-        candidates.push(Candidate {
+        Some(Candidate {
             identity,
             derived,
             last_used,
             this_link: false,
-            line: Line::OnDisk(range),
-        });
-    }
-    candidates
+            // With its newline.
+            line: Line::OnDisk(range.start..range.end + 1),
+        })
+    })
+    .collect()
+}
+
+/// Where each line of a cache file's `bytes` after the header is (newline excluded), or None when
+/// it has no header of this format. A line without its newline (the last, cut short) is never
+/// trusted.
+fn body_lines(bytes: &[u8]) -> Option<impl Iterator<Item = Range<usize>> + '_> {
+    let body = bytes.strip_prefix(HEADER.as_bytes())?.strip_prefix(b"\n")?;
+    let mut start = bytes.len() - body.len();
+    let offset = start;
+    Some(memchr::memchr_iter(b'\n', body).map(move |at| {
+        let line = start..offset + at;
+        start = offset + at + 1;
+        line
+    }))
 }
 
 /// The lines of a cache file, indexed by a hash of their keys and parsed only when looked up.
@@ -730,27 +735,20 @@ impl Unparsed {
     /// of this format. Checksums are checked when a line is looked up, not here.
     fn index(bytes: Vec<u8>) -> (Unparsed, Option<usize>) {
         let mut unparsed = Unparsed::default();
-        let Some(body) = bytes.strip_prefix(HEADER.as_bytes()) else {
+        let Some(body) = body_lines(&bytes) else {
             return (unparsed, None);
         };
-        let Some(body) = body.strip_prefix(b"\n") else {
-            return (unparsed, None);
-        };
-        let offset = bytes.len() - body.len();
-        let mut start = offset;
         let mut lines = 0;
-        // A line without its newline (the last, cut short) is never trusted.
-        for end in memchr::memchr_iter(b'\n', body).map(|at| offset + at) {
+        for line in body {
             lines += 1;
-            if let Some((is_file, hash)) = key_of(&bytes[start..end]) {
+            if let Some((is_file, hash)) = key_of(&bytes[line.clone()]) {
                 let index = if is_file {
                     &mut unparsed.files
                 } else {
                     &mut unparsed.derived
                 };
-                index.lines.push((hash, start..end));
+                index.lines.push((hash, line));
             }
-            start = end + 1;
         }
         unparsed.files.seal();
         unparsed.derived.seal();
