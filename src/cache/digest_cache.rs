@@ -58,14 +58,22 @@ use crate::reapi::digest::{self, Digest};
 /// hashed but not remembered. Two seconds: the coarsest timestamps in use (FAT) tick every two.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
 
-/// Entries kept at most; beyond it, the least recently used are dropped.
+/// File entries kept at most (unless a link uses more: see [`WORKING_SETS`]); beyond it, the least
+/// recently used are dropped.
 const MAX_ENTRIES: usize = 100_000;
 
 /// An entry's last use is recorded again (which costs a save) when it is older than this.
 const USE_RESOLUTION_SECS: u64 = 24 * 60 * 60;
 
-/// Derived digests kept at most; beyond it, the least recently used are dropped.
+/// Derived digests kept at most (unless a link uses more: see [`WORKING_SETS`]); beyond it, the
+/// least recently used are dropped.
 const MAX_DERIVED: usize = 100_000;
+
+/// The caps grow to this many times what the link that saves used, so that a project's own
+/// directory, a second checkout of it and a third fit at once: at 50,000 modules, a build directory
+/// and a fresh copy of it hold 100,000 objects, and under a fixed cap of 100,000 each relink trimmed
+/// away half of the other directory, to be hashed again by its next link.
+const WORKING_SETS: usize = 3;
 
 /// What a trim keeps of the cap, as a fraction: room for the next links to append before the next
 /// compaction.
@@ -539,16 +547,17 @@ impl DigestCache {
         let files = entries.len() + unparsed.files.len();
         let derived_count = derived.len() + unparsed.derived.len();
         drop(unparsed);
+        let caps = Caps::for_link(&entries, &derived);
         let appendable = lines.is_some_and(|lines| {
             lines + unsaved.len() <= 2 * (files + derived_count) + COMPACT_SLACK
-                && files <= MAX_ENTRIES
-                && derived_count <= MAX_DERIVED
+                && files <= caps.files
+                && derived_count <= caps.derived
         });
         let written = if appendable && append(file, &unsaved).is_ok() {
             // And the newline the block starts with.
             lines.map(|lines| lines + unsaved.len() + usize::from(!unsaved.is_empty()))
         } else {
-            Some(compact(file, &entries, &derived)?)
+            Some(compact(file, &entries, &derived, caps)?)
         };
         *lines = written;
         let derived_entries = derived.values_mut().map(|d| &mut d.entry);
@@ -556,6 +565,25 @@ impl DigestCache {
             entry.saved = true;
         }
         Ok(())
+    }
+}
+
+/// How many entries of each kind a save keeps at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Caps {
+    files: usize,
+    derived: usize,
+}
+
+impl Caps {
+    /// The fixed caps, or [`WORKING_SETS`] times what this link used, whichever is more.
+    fn for_link(entries: &HashMap<FileKey, Entry>, derived: &HashMap<String, Derived>) -> Caps {
+        let used_files = entries.values().filter(|e| e.this_link).count();
+        let used_derived = derived.values().filter(|d| d.entry.this_link).count();
+        Caps {
+            files: MAX_ENTRIES.max(WORKING_SETS * used_files),
+            derived: MAX_DERIVED.max(WORKING_SETS * used_derived),
+        }
     }
 }
 
@@ -596,6 +624,7 @@ fn compact(
     file: &Path,
     entries: &HashMap<FileKey, Entry>,
     derived: &HashMap<String, Derived>,
+    caps: Caps,
 ) -> std::io::Result<usize> {
     let on_disk = std::fs::read(file).unwrap_or_default();
     let mut candidates = lines_on_disk(&on_disk);
@@ -614,20 +643,24 @@ fn compact(
             line,
         ));
     }
-    // One line per key: the most recently used, the later of equals.
+    // One line per key: the most recently used, the later of equals; it was this link's if any of
+    // the key's lines was (another process may have recorded a later use of the same entry).
     let mut newest: HashMap<(bool, u64), usize> = HashMap::with_capacity(candidates.len());
-    for (at, candidate) in candidates.iter().enumerate() {
-        let newest = newest
-            .entry((candidate.derived, candidate.identity))
-            .or_insert(at);
-        if candidates[*newest].last_used <= candidate.last_used {
-            *newest = at;
-        }
+    for at in 0..candidates.len() {
+        let key = (candidates[at].derived, candidates[at].identity);
+        let kept = *newest.entry(key).or_insert(at);
+        let winner = if candidates[kept].last_used <= candidates[at].last_used {
+            at
+        } else {
+            kept
+        };
+        candidates[winner].this_link |= candidates[kept].this_link || candidates[at].this_link;
+        newest.insert(key, winner);
     }
     let (derived_lines, file_lines): (Vec<usize>, Vec<usize>) =
         newest.into_values().partition(|&at| candidates[at].derived);
-    let mut kept = most_recently_used(file_lines, &candidates, MAX_ENTRIES);
-    kept.extend(most_recently_used(derived_lines, &candidates, MAX_DERIVED));
+    let mut kept = most_recently_used(file_lines, &candidates, caps.files);
+    kept.extend(most_recently_used(derived_lines, &candidates, caps.derived));
     // In the order they came: a later compaction prefers the later of a day's lines.
     kept.sort_unstable();
     let dir = file.parent().unwrap_or(Path::new("."));
@@ -1353,26 +1386,44 @@ mod tests {
         );
     }
 
+    /// Derived digest `i`'s slot and key.
+    fn slot(i: usize) -> String {
+        format!("{i:064x}")
+    }
+
+    fn key(i: usize) -> String {
+        format!("{:064x}", i + 1)
+    }
+
+    fn seconds_now() -> u64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    /// The checked line of derived digest `i`, last used at `last_used`.
+    fn derived_line_of(i: usize, last_used: u64) -> Vec<u8> {
+        let hash = "a".repeat(64);
+        let line = format!("{DERIVED} {} {} {last_used} {hash} 3", slot(i), key(i));
+        checked(line.as_bytes())
+    }
+
+    /// A cache file of derived digests `indices`, each last used at `last_used`.
+    fn write_derived(store: &Path, indices: Range<usize>, last_used: u64) {
+        let mut text = format!("{HEADER}\n").into_bytes();
+        for i in indices {
+            text.extend(derived_line_of(i, last_used));
+        }
+        std::fs::write(store, &text).unwrap();
+    }
+
     #[test]
     fn a_compaction_over_the_cap_keeps_what_this_link_used_and_leaves_room() {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("file-digests");
         // A full cache of derived digests, all used today: `last_used` cannot tell them apart.
-        let today = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let (slot, key) = (
-            |i: usize| format!("{i:064x}"),
-            |i: usize| format!("{:064x}", i + 1),
-        );
-        let hash = "a".repeat(64);
-        let mut text = format!("{HEADER}\n").into_bytes();
-        for i in 0..MAX_DERIVED {
-            let line = format!("{DERIVED} {} {} {today} {hash} 3", slot(i), key(i));
-            text.extend(checked(line.as_bytes()));
-        }
-        std::fs::write(&store, &text).unwrap();
+        write_derived(&store, 0..MAX_DERIVED, seconds_now());
         // This link uses the first lines (the ones an arbitrary trim among equals drops first)
         // and adds one: over the cap, so the save compacts.
         let cache = DigestCache::open(Some(store.clone()));
@@ -1405,6 +1456,76 @@ mod tests {
                 .is_some()
         );
         assert!(again.derived(&slot(10), &key(10)).is_none());
+    }
+
+    #[test]
+    fn a_link_larger_than_a_third_of_the_cap_keeps_room_for_three_like_it() {
+        // Two build directories of a 50,000-module project (a full cache), and a relink in the
+        // first that adds one digest: the cap makes room for three such links, so nothing goes.
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let half = MAX_DERIVED / 2;
+        write_derived(&store, 0..MAX_DERIVED, seconds_now());
+        let cache = DigestCache::open(Some(store.clone()));
+        for i in 0..half {
+            assert!(cache.derived(&slot(i), &key(i)).is_some());
+        }
+        cache.remember_derived(
+            slot(MAX_DERIVED),
+            key(MAX_DERIVED),
+            digest::of_bytes(b"new"),
+        );
+        cache.save().unwrap();
+
+        let again = DigestCache::open(Some(store.clone()));
+        for i in (0..=MAX_DERIVED).step_by(97) {
+            assert!(again.derived(&slot(i), &key(i)).is_some(), "{i} dropped");
+        }
+        // Appended, not compacted.
+        let text = std::fs::read_to_string(&store).unwrap();
+        assert_eq!(
+            text.lines().count(),
+            1 + MAX_DERIVED + 2,
+            "a blank line, then the new one"
+        );
+    }
+
+    #[test]
+    fn a_key_this_link_used_keeps_its_priority_when_another_process_saved_it_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("file-digests");
+        let day = USE_RESOLUTION_SECS;
+        let now = seconds_now();
+        // Entry 0 was last used days ago, the others are used "in two days" (a clock ahead).
+        write_derived(&store, 0..1, now - 3 * day);
+        let mut text = std::fs::read(&store).unwrap();
+        for i in 1..MAX_DERIVED {
+            text.extend(derived_line_of(i, now + 2 * day));
+        }
+        std::fs::write(&store, &text).unwrap();
+        let cache = DigestCache::open(Some(store.clone()));
+        assert!(cache.derived(&slot(0), &key(0)).is_some());
+        // Meanwhile another process records a use of entry 0 a day ahead: later than this link's,
+        // earlier than the others'.
+        let mut other = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&store)
+            .unwrap();
+        other.write_all(b"\n").unwrap();
+        other.write_all(&derived_line_of(0, now + day)).unwrap();
+        drop(other);
+        cache.remember_derived(
+            slot(MAX_DERIVED),
+            key(MAX_DERIVED),
+            digest::of_bytes(b"new"),
+        );
+        cache.save().unwrap();
+
+        let again = DigestCache::open(Some(store));
+        assert!(
+            again.derived(&slot(0), &key(0)).is_some(),
+            "the entry this link used was trimmed"
+        );
     }
 
     #[test]
