@@ -648,14 +648,19 @@ fn compact(
     let mut newest: HashMap<(bool, u64), usize> = HashMap::with_capacity(candidates.len());
     for at in 0..candidates.len() {
         let key = (candidates[at].derived, candidates[at].identity);
-        let kept = *newest.entry(key).or_insert(at);
-        let winner = if candidates[kept].last_used <= candidates[at].last_used {
-            at
-        } else {
-            kept
-        };
-        candidates[winner].this_link |= candidates[kept].this_link || candidates[at].this_link;
-        newest.insert(key, winner);
+        match newest.entry(key) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(at);
+            }
+            std::collections::hash_map::Entry::Occupied(mut slot) => {
+                let kept = *slot.get();
+                let this_link = candidates[kept].this_link || candidates[at].this_link;
+                if candidates[kept].last_used <= candidates[at].last_used {
+                    slot.insert(at);
+                }
+                candidates[*slot.get()].this_link = this_link;
+            }
+        }
     }
     let (derived_lines, file_lines): (Vec<usize>, Vec<usize>) =
         newest.into_values().partition(|&at| candidates[at].derived);
@@ -1507,13 +1512,7 @@ mod tests {
         assert!(cache.derived(&slot(0), &key(0)).is_some());
         // Meanwhile another process records a use of entry 0 a day ahead: later than this link's,
         // earlier than the others'.
-        let mut other = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&store)
-            .unwrap();
-        other.write_all(b"\n").unwrap();
-        other.write_all(&derived_line_of(0, now + day)).unwrap();
-        drop(other);
+        append(&store, &[derived_line_of(0, now + day)]).unwrap();
         cache.remember_derived(
             slot(MAX_DERIVED),
             key(MAX_DERIVED),
