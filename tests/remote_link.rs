@@ -11,7 +11,8 @@ mod common;
 use std::fs;
 
 use common::{
-    Chain, Linked, Project, Server, Stats, big_program, chain, chain_with_archive, ran_only,
+    Chain, Linked, Project, Server, Stats, big_program, chain, chain_project, chain_with_archive,
+    ran_only,
 };
 
 /// A server whose actions cannot see `project`'s files.
@@ -330,4 +331,60 @@ fn a_blob_needed_by_many_concurrent_jobs_is_uploaded_once() {
     let uploads = served["blob_uploads"].as_u64().unwrap();
     assert_eq!(served["distinct_blobs_uploaded"], uploads, "{served}");
     assert_eq!(stats.transfers("blobs_uploaded"), uploads, "{served}");
+}
+
+/// What `serve --stats-json` wrote at `path` once `server` stopped.
+fn served(server: Server, path: &std::path::Path) -> serde_json::Value {
+    drop(server);
+    serde_json::from_slice(&fs::read(path).expect("serve --stats-json")).unwrap()
+}
+
+/// With the remote strategy, a link whose lookups keep missing stops asking the action cache
+/// (Execute asks it itself), and a result that only Execute finds is still a hit: nothing compiles.
+#[test]
+fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
+    const MODULES: usize = 40;
+    // Two jobs in flight, so that the lookups stop long before the link ends.
+    const IN_FLIGHT: u64 = 2;
+    let (project, expected) = chain_project(MODULES);
+    let state = tempfile::tempdir().unwrap();
+    let cas_dir = state.path().join("cas");
+    let (cold_stats, warm_stats) = (
+        state.path().join("cold.json"),
+        state.path().join("warm.json"),
+    );
+    let args = ["--strategy=remote", "--remote-jobs=2"];
+    let server_with = |stats: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["--cas-dir", cas_dir.to_str().unwrap(), "--stats-json"];
+        args.push(stats.to_str().unwrap());
+        args.extend(extra);
+        hiding_server(&project, &args)
+    };
+
+    let server = server_with(&cold_stats, &[]);
+    let (linked, stats) = remote_link(&project, &server, "cold", &args);
+    assert_eq!(linked.run_program(), expected);
+    assert_eq!(stats.ran(), ran_only("remote", MODULES + 1), "{stats}");
+    let cold = served(server, &cold_stats);
+    let lookups = cold["calls"]["GetActionResult"].as_u64().unwrap();
+    assert!((16..=16 + IN_FLIGHT).contains(&lookups), "{cold}");
+
+    // Every lookup misses, but the cold link's results are in the action cache Execute consults.
+    let server = server_with(
+        &warm_stats,
+        &["--fault-fail=GetActionResult=NOT_FOUND:1000"],
+    );
+    let (linked, stats) = remote_link(&project, &server, "warm", &args);
+    assert_eq!(linked.run_program(), expected);
+    assert_eq!(
+        stats.ran(),
+        ran_only("action-cache", MODULES + 1),
+        "{stats}"
+    );
+    let warm = served(server, &warm_stats);
+    assert_eq!(warm["executions"], 0, "{warm}");
+    assert!(
+        warm["calls"]["GetActionResult"].as_u64().unwrap() >= 16,
+        "{warm}"
+    );
 }

@@ -2,7 +2,9 @@
 //! the cluster when missing, and its outputs downloaded to where lld expects them.
 //!
 //! Per planned job: GetActionResult → on a miss, FindMissingBlobs and upload what is missing,
-//! Execute → download and verify the outputs into staged names → move them into place. A job whose
+//! Execute → download and verify the outputs into staged names → move them into place. Once the
+//! lookups of a link keep missing (a cold link), jobs skip GetActionResult and go straight to
+//! Execute, whose own action-cache lookup still finds any hit. A job whose
 //! remote run fails for infrastructure reasons runs locally (with `--local-fallback`), with one
 //! warning per cause rather than per job. In cache-only mode a miss compiles locally and the result
 //! is stored in the remote cache. With `--strategy=racing` a miss also races a local compile
@@ -10,7 +12,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -51,7 +53,16 @@ pub struct RemoteExecutor {
     toolchain_blobs: AtomicU64,
     /// Set when the cluster was found to lack toolchain files this link then began to upload.
     toolchain_missing: AtomicBool,
+    /// Action-cache misses since the last hit (remote strategy): see [`COLD_LINK_MISSES`].
+    misses_in_a_row: AtomicU32,
 }
+
+/// After this many action-cache misses in a row, jobs of the remote strategy skip GetActionResult:
+/// Execute looks the Action up in the action cache itself (REAPI's `skip_cache_lookup` is false),
+/// so a cold link saves a call per job and still gets every hit, only after uploading the few
+/// kilobytes made for the job (the inputs are needed for the key anyway). A hit Execute reports
+/// turns the lookups back on. Racing always looks up first: a hit must never start a local compile.
+const COLD_LINK_MISSES: u32 = 16;
 
 /// What the link uploaded of the toolchain.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -136,6 +147,7 @@ impl RemoteExecutor {
             toolchain_bytes: AtomicU64::new(0),
             toolchain_blobs: AtomicU64::new(0),
             toolchain_missing: AtomicBool::new(false),
+            misses_in_a_row: AtomicU32::new(0),
         })
     }
 
@@ -378,11 +390,19 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Result<(Ran, ActionResult, Option<ServerTimes>), RemoteFailure> {
-        if let Some(result) = self.lookup(job, spec, call).await? {
-            let times = result.execution_metadata.as_ref().map(ServerTimes::of);
-            return Ok((Ran::ActionCache, result, times));
+        if self.misses_in_a_row.load(Ordering::Relaxed) < COLD_LINK_MISSES {
+            if let Some(result) = self.lookup(job, spec, call).await? {
+                self.misses_in_a_row.store(0, Ordering::Relaxed);
+                let times = result.execution_metadata.as_ref().map(ServerTimes::of);
+                return Ok((Ran::ActionCache, result, times));
+            }
+            self.misses_in_a_row.fetch_add(1, Ordering::Relaxed);
         }
-        self.execute(job, spec, call, || {}).await
+        let executed = self.execute(job, spec, call, || {}).await;
+        if let Ok((Ran::ActionCache, ..)) = executed {
+            self.misses_in_a_row.store(0, Ordering::Relaxed);
+        }
+        executed
     }
 
     /// The job's result from the action cache, its outputs in place; None on a miss (a cached
