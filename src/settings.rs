@@ -45,8 +45,11 @@ pub enum Strategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Compression {
-    /// When the server offers zstd.
+    /// When the server offers zstd, unless it is on this machine (a unix socket or a loopback
+    /// address), where compressing costs CPU and saves nothing.
     Auto,
+    /// When the server offers zstd, wherever it is (a tunnel to a distant cluster).
+    On,
     /// Never.
     Off,
 }
@@ -554,8 +557,8 @@ pub struct SettingsArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_upload: Option<bool>,
 
-    /// zstd-compress blob transfers: auto (when the server offers it; small blobs stay
-    /// uncompressed) or off [default: auto]
+    /// zstd-compress blob transfers: auto (when the server offers it and is not on this machine;
+    /// small blobs stay uncompressed), on (also then, e.g. through a tunnel) or off [default: auto]
     #[arg(long, env = "DTLTO_REAPI_REMOTE_COMPRESSION", value_name = "WHEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub remote_compression: Option<Compression>,

@@ -497,7 +497,9 @@ fn a_zstd_bomb_in_a_read_is_a_clear_error_and_memory_stays_bounded() {
     // Every compressed read answers 128 KiB that decompress to 4 GiB. Only objects of 1 KiB and
     // more travel compressed: their jobs fall back to local compiles.
     let faults = [READS_BY_STREAM[0], "--fault-zstd-bomb"];
-    let (_, remote) = link_against_hostile(&faults, &[], Duration::from_secs(120));
+    // `on`: the server is on this machine, where `auto` would not compress.
+    let compress = ["--remote-compression=on"];
+    let (_, remote) = link_against_hostile(&faults, &compress, Duration::from_secs(120));
     let warnings = remote.fallback_warnings();
     assert_eq!(warnings.len(), 1, "{}", remote.linked.stderr);
     assert!(

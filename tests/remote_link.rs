@@ -388,3 +388,23 @@ fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
         "{warm}"
     );
 }
+
+/// Against a server on this machine that answers at once, `auto` sends blobs as they are (zstd
+/// would cost CPU and save nothing); `on` compresses them all the same.
+#[test]
+fn a_server_on_this_machine_gets_compressed_blobs_only_when_asked() {
+    let (project, expected) = chain_project(3);
+    for (compression, compressed) in [("auto", false), ("on", true)] {
+        // A fresh server each time, so that both links upload everything.
+        let server = hiding_server(&project, &[]);
+        let option = format!("--remote-compression={compression}");
+        let (linked, stats) = remote_link(&project, &server, compression, &[&option]);
+        assert_eq!(linked.run_program(), expected);
+        let (bytes, wire) = (
+            stats.transfers("bytes_uploaded"),
+            stats.transfers("wire_bytes_uploaded"),
+        );
+        assert!(bytes > 0, "{stats}");
+        assert_eq!(wire < bytes, compressed, "{compression}: {stats}");
+    }
+}

@@ -130,11 +130,19 @@ pub(crate) fn plaintext_remote_host(endpoint: &str) -> Option<String> {
         return None;
     };
     let host = target.host()?;
-    let loopback = host == "localhost"
+    (!is_loopback(&host)).then_some(host)
+}
+
+/// Whether `endpoint` is on this machine: a unix socket or a loopback address.
+pub(crate) fn is_this_machine(endpoint: &str) -> bool {
+    parse_target(endpoint).is_ok_and(|target| target.host().is_none_or(|host| is_loopback(&host)))
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    (!loopback).then_some(host)
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Builds the (lazily connecting) channel for `endpoint`.
@@ -314,6 +322,27 @@ mod tests {
             "unix:///run/re.sock",
         ] {
             assert_eq!(plaintext_remote_host(safe), None, "{safe}");
+        }
+    }
+
+    #[test]
+    fn endpoints_on_this_machine_are_unix_sockets_and_loopback_addresses() {
+        for local in [
+            "unix:///run/re.sock",
+            "grpc://127.0.0.1:1",
+            "grpcs://LOCALHOST:443",
+            "[::1]:80",
+            "127.0.0.2:8980",
+        ] {
+            assert!(is_this_machine(local), "{local}");
+        }
+        for remote in [
+            "grpcs://re.example.com:443",
+            "10.0.0.1:8980",
+            "grpc://[::2]:1",
+            "bad://x",
+        ] {
+            assert!(!is_this_machine(remote), "{remote}");
         }
     }
 

@@ -59,6 +59,10 @@ pub struct ConnectionOptions {
     pub concurrent_calls: usize,
     /// Transfer blobs zstd-compressed when the server offers it (REAPI compressed-blobs).
     pub compression: bool,
+    /// With `compression`, compress also for a server on this machine (a unix socket or a
+    /// loopback address), where the bytes cost a copy and compressing them far more; a tunnel or
+    /// proxy on this machine to a distant cluster needs it.
+    pub compress_near: bool,
 }
 
 impl ConnectionOptions {
@@ -79,6 +83,7 @@ impl ConnectionOptions {
             correlated_invocations_id: None,
             concurrent_calls: CALLS_PER_CONNECTION,
             compression: true,
+            compress_near: true,
         }
     }
 }
@@ -185,6 +190,9 @@ impl Client {
             cancellations: Default::default(),
         };
         inner.capabilities = inner.read_capabilities().await?;
+        if !opts.compress_near && channel::is_this_machine(&opts.endpoint) {
+            inner.compression = false;
+        }
         Ok(Client {
             inner: Arc::new(inner),
         })
