@@ -325,9 +325,7 @@ fn a_blob_needed_by_many_concurrent_jobs_is_uploaded_once() {
     let (linked, stats) = remote_link(&project, &server, "app", &[]);
     assert_eq!(linked.run_program(), format!("{expected}\n"));
     assert_eq!(stats.ran(), ran_only("remote", USERS + 2));
-    drop(server);
-    let served: serde_json::Value =
-        serde_json::from_slice(&fs::read(&stats_path).expect("serve --stats-json")).unwrap();
+    let served = served(server, &stats_path);
     let uploads = served["blob_uploads"].as_u64().unwrap();
     assert_eq!(served["distinct_blobs_uploaded"], uploads, "{served}");
     assert_eq!(stats.transfers("blobs_uploaded"), uploads, "{served}");
@@ -389,8 +387,8 @@ fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
     );
 }
 
-/// Against a server on this machine that answers at once, `auto` sends blobs as they are (zstd
-/// would cost CPU and save nothing); `on` compresses them all the same.
+/// Against a server on this machine (a unix socket), `auto` sends blobs as they are (zstd would
+/// cost CPU and save nothing); `on` compresses them all the same.
 #[test]
 fn a_server_on_this_machine_gets_compressed_blobs_only_when_asked() {
     let (project, expected) = chain_project(3);
