@@ -98,12 +98,12 @@ pub(crate) fn hash_words(at: u64, operands: &[u64]) -> Result<[u32; 5], BitcodeE
             operands.len()
         ),
     };
-    let words: Vec<u32> = operands
-        .iter()
-        .map(|&w| u32::try_from(w))
-        .collect::<Result<_, _>>()
-        .map_err(|_| bad())?;
-    words.try_into().map_err(|_| bad())
+    let operands: &[u64; 5] = operands.try_into().map_err(|_| bad())?;
+    let mut words = [0u32; 5];
+    for (word, &operand) in words.iter_mut().zip(operands) {
+        *word = u32::try_from(operand).map_err(|_| bad())?;
+    }
+    Ok(words)
 }
 
 /// Adds a MODULE_STRTAB record to the entries it describes; other records stay in the block's items.
@@ -276,15 +276,31 @@ fn splice(
     wrapped: bool,
     mut bodies: Vec<(&Block, Vec<u8>)>,
 ) -> Result<Vec<u8>, BitcodeError> {
-    // Last block first, so that splicing one leaves the offsets of those before it valid.
-    bodies.sort_by_key(|(block, _)| std::cmp::Reverse(block.body.start));
-    let mut out = bytes.to_vec();
+    // Built in one pass (a `Vec::splice` per block moved the rest of the shard each time), then the
+    // length words are patched at their new offsets: a word before a replaced body moves by what
+    // the bodies before it added, and every block's length word precedes its body.
+    bodies.sort_by_key(|(block, _)| block.body.start);
+    let added: usize = bodies.iter().map(|(_, body)| body.len()).sum();
+    let mut out = Vec::with_capacity(bytes.len() + added);
+    let mut copied = 0;
+    for (block, body) in &bodies {
+        out.extend_from_slice(&bytes[copied..block.body.start]);
+        out.extend_from_slice(body);
+        copied = block.body.end;
+    }
+    out.extend_from_slice(&bytes[copied..]);
+    let moved = |at: usize| -> i64 {
+        bodies
+            .iter()
+            .take_while(|(block, _)| block.body.end <= at)
+            .map(|(block, body)| body.len() as i64 - block.body.len() as i64)
+            .sum()
+    };
     let mut total_delta = 0i64;
-    for (block, body) in bodies {
+    for (block, body) in &bodies {
         let delta = (body.len() as i64 - block.body.len() as i64) / 4;
-        out.splice(block.body.clone(), body);
         for &at in block.enclosing.iter().chain([&block.len_word_at]) {
-            add_to_length(&mut out, at, delta)?;
+            add_to_length(&mut out, (at as i64 + moved(at)) as usize, delta)?;
         }
         total_delta += delta;
     }
@@ -348,7 +364,8 @@ pub(crate) fn canonicalize(
         .iter()
         .map(|entry| (new_path(entry), entry))
         .collect();
-    renamed.sort_by(|a, b| a.0.cmp(&b.0));
+    // Unstable is enough: two equal paths are an error below.
+    renamed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut module_ids = HashMap::with_capacity(renamed.len());
     for (new_id, pair) in renamed.iter().enumerate() {
         if module_ids.insert(pair.1.id, new_id as u64).is_some() {
@@ -378,13 +395,13 @@ pub(crate) fn canonicalize(
         })
         .collect();
     for (new_id, (path, entry)) in renamed.iter().enumerate() {
-        let mut fields = vec![MST_CODE_ENTRY, new_id as u64];
+        let mut fields = Vec::with_capacity(2 + path.len());
+        fields.extend([MST_CODE_ENTRY, new_id as u64]);
         fields.extend(path.iter().map(|&b| u64::from(b)));
-        emits.push(Emit::Record(fields));
+        emits.push(Emit::Record(fields.into()));
         if let Some(hash) = entry.hash {
-            let mut fields = vec![MST_CODE_HASH];
-            fields.extend(hash.map(u64::from));
-            emits.push(Emit::Record(fields));
+            let [a, b, c, d, e] = hash.map(u64::from);
+            emits.push(Emit::Record(vec![MST_CODE_HASH, a, b, c, d, e].into()));
         }
     }
     let mut bodies = vec![(table, body(&source, table, emits)?)];

@@ -17,7 +17,9 @@
 //! order in ways not undone here, so they, like any record code not listed, make the shard
 //! [`BitcodeError::Unsupported`].
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 
 use super::bitstream::{BodyItem, Emit, malformed, unsupported};
 use super::error::BitcodeError;
@@ -259,15 +261,16 @@ impl Remap<'_> {
     }
 }
 
-/// A summary record with what travels with it, and where it sorts.
-struct Group<'a> {
+/// A summary record with what travels with it (a range of the emits grouped so far), and where it
+/// sorts.
+struct Group {
     key: (bool, u64, u64),
-    emits: Vec<Emit<'a>>,
+    emits: Range<usize>,
 }
 
 /// Where an item that keeps its place goes: before the summaries if none came yet, else after them.
 fn before_or_after<'v, T>(
-    groups: &[Group<'_>],
+    groups: &[Group],
     head: &'v mut Vec<T>,
     tail: &'v mut Vec<T>,
 ) -> &'v mut Vec<T> {
@@ -293,10 +296,11 @@ pub(crate) fn canonical<'a>(
         }
         _ => return Err(malformed(0, "summary block without FS_VERSION first")),
     };
-    let values = values(items, version)?;
+    let mut values = values(items, version)?;
 
     let mut head: Vec<Emit<'a>> = Vec::new();
-    let mut groups: Vec<Group<'a>> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut grouped: Vec<Emit<'a>> = Vec::with_capacity(items.len());
     let mut tail: Vec<Emit<'a>> = Vec::new();
     let mut pending: Vec<Emit<'a>> = Vec::new();
     let mut table_written = false;
@@ -338,32 +342,41 @@ pub(crate) fn canonical<'a>(
             Role::Fixed | Role::ValueGuid if !pending.is_empty() => return Err(misplaced()),
             Role::Fixed => {
                 before_or_after(&groups, &mut head, &mut tail)
-                    .push(Emit::Record(record.fields.clone()));
+                    .push(Emit::Record(record.fields.as_slice().into()));
             }
             Role::ValueGuid if !groups.is_empty() => return Err(misplaced()),
             Role::ValueGuid => {
                 if !std::mem::replace(&mut table_written, true) {
-                    head.extend(values.records.iter().cloned().map(Emit::Record));
+                    let records = std::mem::take(&mut values.records);
+                    head.extend(
+                        records
+                            .into_iter()
+                            .map(|fields| Emit::Record(fields.into())),
+                    );
                 }
             }
             Role::Attached | Role::Summary(_) if !tail.is_empty() => return Err(misplaced()),
-            Role::Attached => pending.push(Emit::Record(remap.record(record.fields.clone())?)),
+            Role::Attached => {
+                pending.push(Emit::Record(remap.record(record.fields.clone())?.into()))
+            }
             Role::Summary(alias) => {
                 let fields = remap.record(record.fields.clone())?;
                 let old_value = record.operands().first().copied().unwrap_or_default();
                 let guid = values.guid.get(&old_value).copied().unwrap_or_default();
                 let module = fields.get(2).copied().unwrap_or_default();
-                let mut emits = std::mem::take(&mut pending);
-                emits.push(Emit::Record(fields));
+                let start = grouped.len();
+                grouped.append(&mut pending);
+                grouped.push(Emit::Record(fields.into()));
                 groups.push(Group {
                     key: (alias, module, guid),
-                    emits,
+                    emits: start..grouped.len(),
                 });
                 after_summary = true;
             }
             Role::OriginalName => match groups.last_mut() {
                 Some(group) if following_summary => {
-                    group.emits.push(Emit::Record(record.fields.clone()))
+                    grouped.push(Emit::Record(record.fields.as_slice().into()));
+                    group.emits.end = grouped.len();
                 }
                 _ => {
                     return Err(malformed(
@@ -381,7 +394,12 @@ pub(crate) fn canonical<'a>(
         ));
     }
     groups.sort_by_key(|group| group.key);
-    head.extend(groups.into_iter().flat_map(|group| group.emits));
+    head.reserve(grouped.len() + tail.len());
+    for group in groups {
+        // Each emit is taken once: the groups' ranges do not overlap.
+        let taken = grouped[group.emits].iter_mut();
+        head.extend(taken.map(|emit| std::mem::replace(emit, Emit::Record(Cow::Borrowed(&[])))));
+    }
     head.extend(tail);
     Ok(head)
 }
