@@ -596,7 +596,11 @@ pub(crate) fn write_record(
 ) -> Result<(), BitcodeError> {
     let mut best: Option<(u64, &Abbrev, u64)> = None;
     for (id, ops) in (FIRST_DEFINED_ABBREV..).zip(abbrevs) {
-        if id >> width != 0 {
+        // Most abbreviations begin with a literal record code: a cheap first test of the dozens
+        // in scope of a summary block.
+        let other_code =
+            matches!(ops.first(), Some(Op::Literal(code)) if fields.first() != Some(code));
+        if id >> width != 0 || other_code {
             continue;
         }
         let Some(bits) = abbreviated_size(width, ops, fields, blob) else {
