@@ -1295,5 +1295,27 @@ mod tests {
             let items = walk(&w.into_bytes()).unwrap();
             proptest::prop_assert_eq!(records(&items), vec![record(&all, None)]);
         }
+
+        #[test]
+        fn packed_arrays_write_the_bits_of_one_write_per_element(
+            raw in proptest::collection::vec(proptest::num::u64::ANY, 0..100),
+            width in 1u32..=32, char6: bool, offset in 0u32..64,
+        ) {
+            let element = if char6 { Op::Char6 } else { Op::Fixed(width) };
+            let values: Vec<u64> = raw
+                .iter()
+                .map(|&v| if char6 { u64::from(CHAR6[(v % 64) as usize]) } else { v & low_bits(width) })
+                .collect();
+            let mut packed = BitWriter::default();
+            packed.write(0, offset);
+            write_array(&mut packed, element, &values);
+            let mut one_by_one = BitWriter::default();
+            one_by_one.write(0, offset);
+            for &value in &values {
+                write_scalar(&mut one_by_one, element, value);
+            }
+            proptest::prop_assert_eq!(packed.bits, one_by_one.bits);
+            proptest::prop_assert_eq!(packed.into_bytes(), one_by_one.into_bytes());
+        }
     }
 }
