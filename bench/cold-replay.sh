@@ -5,7 +5,9 @@
 # every build in DISTRIBUTORS, in interleaved rounds, each against a fresh `dtlto-reapi serve` on
 # loopback that already holds the compiler (--strategy=remote: every job executed). It prints each
 # build's `cpu_ms` / jobs (from --stats-json) per round and their median, and fails unless every
-# replay wrote the same objects as the first.
+# replay wrote the same objects as the first. Every replay starts from the same digest cache (a copy
+# of OUT's as it was before the first), so that none finds what an earlier replay remembered (such
+# as the shards' rewrites, which a real cold link must make).
 #
 # Environment: OUT (bench/out/imports: the project of bench/imports.sh, generated there first if
 # missing, with MODULES, IMPORTS and FUNCTIONS as in that script), DISTRIBUTORS (space-separated
@@ -24,19 +26,25 @@ runs=${RUNS:-3}
 out=${OUT:-$root/bench/out/imports}
 project=$out/project
 replay=$out/replay
-trap stop_server EXIT
-export XDG_CACHE_HOME=$out/xdg-cache
+objects=
+# The replayed objects and shards must not stay among the project's objects.
+clean_up() {
+    stop_server
+    # shellcheck disable=SC2086 # $objects is a list of plain file names
+    [[ -z $objects ]] || (cd "$project" && rm -f $objects)
+    [[ ! -d $replay/shards ]] || (cd "$replay/shards" && find . -type f -exec rm -f "$project"/{} \;)
+}
+trap clean_up EXIT
 
 for build in "${builds[@]}"; do
     [[ $(basename "$build") == dtlto-reapi ]] || { say "$build: a build must be named dtlto-reapi"; exit 1; }
 done
 [[ -d $project ]] || generate_project
 cd "$project"
-mkdir -p seed && printf 'int main(void) { return 0; }\n' >seed/seed.c
-"$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c seed/seed.c -o seed/seed.o
 
 # Capture: a distributor that copies the job file (its last argument) and the shards it names.
-rm -rf "$replay" && mkdir -p "$replay/capture"
+rm -rf "$replay" && mkdir -p "$replay/capture" "$out/xdg-cache"
+cp -a "$out/xdg-cache" "$replay/xdg-cache-before"
 cat >"$replay/capture/dtlto-reapi" <<'EOF'
 #!/usr/bin/env python3
 import json, shutil, sys
@@ -58,9 +66,9 @@ say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) co
 for round in $(seq "$runs"); do
     for i in "${!builds[@]}"; do
         distributor=${builds[$i]}
-        start_server
-        (cd seed && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" seed.o -o seed "${compiler_flags[@]}" \
-            -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy=remote)
+        rm -rf "$replay/xdg-cache" && cp -a "$replay/xdg-cache-before" "$replay/xdg-cache"
+        export XDG_CACHE_HOME=$replay/xdg-cache
+        seeded_server
         # shellcheck disable=SC2086 # $objects is a list of plain file names
         rm -f $objects
         cp "$replay"/shards/* .
@@ -76,9 +84,7 @@ PY
     done
     say "round $round of $runs done"
 done
-stop_server
-# shellcheck disable=SC2086 # the replayed objects and shards must not join the project's objects
-rm -f $objects && (cd "$replay/shards" && find . -type f -exec rm -f "$project"/{} \;)
+clean_up
 say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "cold replay of $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["jobs"]))' "$replay/job.json") jobs ($modules modules, IMPORTS=$IMPORTS), --jobs=$jobs, loopback server with $jobs workers, $runs rounds"

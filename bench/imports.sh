@@ -44,8 +44,6 @@ else
     generate_project
 fi
 cd "$project"
-mkdir -p seed && printf 'int main(void) { return 0; }\n' >seed/seed.c
-"$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c seed/seed.c -o seed/seed.o
 # The digest cache lives in bench/out, not the user's.
 export XDG_CACHE_HOME=$out/xdg-cache
 
@@ -70,11 +68,6 @@ ours() { # NAME DIR [distributor args...]: link through dtlto-reapi, with --stat
     shift 2
     rm -f "$out/$name.stats.json"
     link "$name" "$dir" "$distributor" --stats-json="$out/$name.stats.json" "$@"
-}
-seeded_server() { # a fresh server that holds the compiler
-    start_server
-    (cd seed && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" seed.o -o seed \
-        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy=remote)
 }
 
 say "load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min) on $(nproc) cores"

@@ -3,8 +3,10 @@
 # $out, compiles it with -flto=thin $jobs at a time, and lists the objects in $project/inputs.rsp.
 # `start_server [serve args...]` (re)starts `dtlto-reapi serve --workers $jobs` and sets
 # $server_url (started through the command in the array $serve_launch, if set: see bench/racing.sh);
-# `stop_server` stops it (the scripts `trap stop_server EXIT`). `copy_objects DIR` copies the
-# project's objects and inputs.rsp into DIR (a fresh build directory).
+# `stop_server` stops it (the scripts `trap stop_server EXIT`). `seeded_server` starts one and links
+# a one-module program through it (in $project/seed), so that it holds the compiler before anything
+# is measured. `copy_objects DIR` copies the project's objects and inputs.rsp into DIR (a fresh
+# build directory).
 
 generate_project() {
     say "generating and compiling $modules modules x $functions functions in $project"
@@ -42,4 +44,15 @@ start_server() {
 stop_server() {
     [[ -z $server_pid ]] || { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
     server_pid=
+}
+
+seeded_server() {
+    start_server
+    local seed=$project/seed
+    if [[ ! -f $seed/seed.o ]]; then
+        mkdir -p "$seed" && printf 'int main(void) { return 0; }\n' >"$seed/seed.c"
+        "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin -c "$seed/seed.c" -o "$seed/seed.o"
+    fi
+    (cd "$seed" && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" seed.o -o seed \
+        "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy=remote)
 }

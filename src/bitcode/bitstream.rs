@@ -425,7 +425,7 @@ fn read_unabbreviated(r: &mut BitReader<'_>) -> Result<Record, BitcodeError> {
 fn read_abbreviated(r: &mut BitReader<'_>, abbrev: &[Op]) -> Result<Record, BitcodeError> {
     let (scalars, tail) = split_tail(abbrev);
     // An array's count follows the scalars: with a few of them read aside first, the fields are
-    // allocated once, at their final size (growing them was a tenth of a shard's reading).
+    // allocated once, at their final size, instead of growing when the count is known.
     let mut head = [0u64; 16];
     let aside = scalars.len() <= head.len() && matches!(tail, [Op::Array, _]);
     let mut fields = Vec::new();
@@ -473,8 +473,8 @@ fn write_scalar(w: &mut BitWriter, op: Op, value: u64) {
 }
 
 /// Writes the elements of an array. Fixed-width and char6 elements (a module path is some seventy
-/// char6 characters) are packed into as few 64-bit writes as they fit, which made writing a
-/// shard's module table about twice as fast as a write per element; the bits are the same.
+/// char6 characters) are packed into as few 64-bit writes as they fit, instead of a write per
+/// element; the bits are the same.
 fn write_array(w: &mut BitWriter, element: Op, values: &[u64]) {
     /// Writes `values` as `width`-bit codes, as many to a write as fit in 64 bits.
     fn packed(w: &mut BitWriter, width: u32, values: &[u64], code: impl Fn(u64) -> u64) {
