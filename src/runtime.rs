@@ -6,8 +6,9 @@ const BLOCKING_THREADS_PER_CORE: usize = 4;
 
 /// The async runtime of a command; `None` (after printing why) when it cannot start.
 pub fn runtime() -> Option<tokio::runtime::Runtime> {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cores = crate::settings::available_cores();
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores)
         // The blocking pool runs short file and compression work, never a wait; tokio's default
         // of up to 512 threads made a new thread, with its own malloc arena, for nearly every
         // job of a link whose jobs upload at once — CPU and memory taken from the compiles.

@@ -356,9 +356,11 @@ fn show_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     }
 }
 
-/// The number of cores this process may use.
+/// The number of cores this process may use, asked once: each asking reads the process's cgroup
+/// files, and a link's start asked three times (its settings, the runtime, tokio itself).
 pub fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// The settings that the command line, the environment and the config file can all give. Field
