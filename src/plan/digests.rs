@@ -45,6 +45,10 @@ pub struct FileInfo {
     pub part: Arc<InputPart>,
 }
 
+/// Input files per hashing thread, at least: starting a thread costs about what knowing a dozen
+/// files from the digest cache does (a `stat` each).
+const FILES_PER_THREAD: usize = 16;
+
 /// Files up to this size are read whole, once, for both digests; larger ones are hashed streaming
 /// and get no module hash (their shard entries are then matched by path).
 const READ_WHOLE_LIMIT: u64 = 64 << 20;
@@ -103,29 +107,36 @@ impl FileDigests {
             HashingStats::default(),
         ));
         let first_error = Mutex::new(None);
-        std::thread::scope(|scope| {
-            for _ in 0..threads.clamp(1, unique.len().max(1)) {
-                scope.spawn(|| {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(path) = unique.get(i) else { break };
-                        match know_file(path, cache) {
-                            Ok((info, from_cache)) => {
-                                if let Ok(mut known) = known.lock() {
-                                    known.1.count(digest::size(&info.digest), from_cache);
-                                    known.0.insert(path.as_os_str().to_owned(), Arc::new(info));
-                                }
-                            }
-                            Err(e) => {
-                                if let Ok(mut slot) = first_error.lock() {
-                                    slot.get_or_insert(e);
-                                }
-                                next.store(unique.len(), Ordering::Relaxed);
-                            }
+        let work = || {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(path) = unique.get(i) else { break };
+                match know_file(path, cache) {
+                    Ok((info, from_cache)) => {
+                        if let Ok(mut known) = known.lock() {
+                            known.1.count(digest::size(&info.digest), from_cache);
+                            known.0.insert(path.as_os_str().to_owned(), Arc::new(info));
                         }
                     }
-                });
+                    Err(e) => {
+                        if let Ok(mut slot) = first_error.lock() {
+                            slot.get_or_insert(e);
+                        }
+                        next.store(unique.len(), Ordering::Relaxed);
+                    }
+                }
             }
+        };
+        // The calling thread works too, and each thread has files enough to pay for starting
+        // it: a one-job relink's two files were hashed by threads started for one file each.
+        let helpers = threads
+            .min(unique.len().div_ceil(FILES_PER_THREAD))
+            .saturating_sub(1);
+        std::thread::scope(|scope| {
+            for _ in 0..helpers {
+                scope.spawn(work);
+            }
+            work();
         });
         if let Some(e) = first_error.into_inner().ok().flatten() {
             return Err(e);
@@ -220,6 +231,36 @@ mod tests {
         assert!(!digests.get(&a).unwrap().has_twin && !digests.get(&alone).unwrap().has_twin);
         let missing = dir.path().join("gone.o");
         let err = FileDigests::compute([a.as_path(), missing.as_path()], 2, &cache).unwrap_err();
+        assert!(err.contains("gone.o"), "{err}");
+    }
+
+    #[test]
+    fn many_files_are_hashed_by_the_caller_and_helper_threads_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..100)
+            .map(|i| {
+                let path = dir.path().join(format!("m{i}.o"));
+                std::fs::write(&path, format!("module {i}")).unwrap();
+                path
+            })
+            .collect();
+        let cache = DigestCache::open(None);
+        let digests = FileDigests::compute(paths.iter().map(PathBuf::as_path), 4, &cache).unwrap();
+        for (i, path) in paths.iter().enumerate() {
+            let expected = digest::of_bytes(format!("module {i}").as_bytes());
+            assert_eq!(
+                digests.get(path).unwrap().digest,
+                expected,
+                "{}",
+                path.display()
+            );
+        }
+        assert_eq!(digests.stats().files_hashed, 100);
+        // A file that cannot be read fails the whole, named, whichever thread met it.
+        let mut with_missing = paths.clone();
+        with_missing.insert(57, dir.path().join("gone.o"));
+        let err =
+            FileDigests::compute(with_missing.iter().map(PathBuf::as_path), 4, &cache).unwrap_err();
         assert!(err.contains("gone.o"), "{err}");
     }
 }
