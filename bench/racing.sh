@@ -10,6 +10,10 @@
 #             IMPORTS=$IMPORTS: each module calls small functions of $IMPORTS others, which ThinLTO
 #             imports), so that every job importing from the edited module (about $IMPORTS) reaches
 #             the distributor again
+#   held      `relink` against a cluster that holds every Execute for $HELD_MS ms, so that its run
+#             of the action never overlaps the local compile: the control for `relink`, where the
+#             cluster's compile runs on this machine's other core at the same time as the local
+#             one and slows it (they share caches and memory, which a separate cluster does not)
 # and three variants in each: local (no cluster), remote (--strategy=remote) and racing
 # (--strategy=racing), interleaved round by round so that a change in machine load hits each alike.
 # Each scenario's server is started once and first given the compiler (a one-module link), so the
@@ -25,12 +29,14 @@
 # more than the local compiles they race). --jobs and the server's workers are each half the cores.
 # Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
 # remote, where racing's jobs ended (won locally / won remotely / cache hits), the distributor's own
-# CPU (`cpu_ms` of --stats-json: its compiles' not included), and every round's time. Fails unless
-# every program prints what the local one prints.
+# CPU (`cpu_ms` of --stats-json: its compiles' not included), and every round's time; then, from
+# each link's --trace, the medians over rounds of where the distributor's time went: when its first
+# local compile started, how long local compiles ran, how long storing a local winner's result
+# took, and when its last job ended. Fails unless every program prints what the local one prints.
 #
 # Environment: MODULES (60), FUNCTIONS per module (16), JOBS (half the cores), RUNS (3), SLOW_MS (1500),
-# LATENCY_MS (50), BANDWIDTH (20Mbit), IMPORT_MODULES (300) and IMPORTS (100) of the `imports`
-# project (1 function per module), SCENARIOS ("slow distant relink imports"), DISTRIBUTOR (the
+# LATENCY_MS (50), BANDWIDTH (20Mbit), HELD_MS (3000), IMPORT_MODULES (300) and IMPORTS (100) of the
+# `imports` project (1 function per module), SCENARIOS ("slow distant relink imports held"), DISTRIBUTOR (the
 # dtlto-reapi binary to measure; default: this checkout's release build), KEEP_PROJECT=1 (reuse
 # the projects of an earlier run with the same sizes instead of generating and compiling them).
 set -euo pipefail
@@ -52,9 +58,10 @@ runs=${RUNS:-3}
 slow_ms=${SLOW_MS:-1500}
 latency=${LATENCY_MS:-50}
 bandwidth=${BANDWIDTH:-20Mbit}
+held_ms=${HELD_MS:-3000}
 import_modules=${IMPORT_MODULES:-300}
 imports=${IMPORTS:-100}
-scenarios=${SCENARIOS:-slow distant relink imports}
+scenarios=${SCENARIOS:-slow distant relink imports held}
 out=$root/bench/out/racing
 project=$out/project
 main_project=$project
@@ -73,6 +80,7 @@ fi
 trap stop_server EXIT
 serve_launch=(setsid taskset -c "$serve_cpus")
 : >"$out/times.tsv"
+rm -rf "$out/traces" && mkdir -p "$out/traces"
 link_count=0
 
 # link SCENARIO VARIANT LABEL [flags...]: one link of the project in VARIANT (local, remote or
@@ -83,7 +91,8 @@ link() {
     link_count=$((link_count + 1))
     local name=$scenario-$variant stats=$out/$scenario-$variant-$link_count.stats.json
     local args=("${compiler_flags[@]}" -fthinlto-distributor="$distributor"
-        -Xthinlto-distributor=--jobs="$jobs" -Xthinlto-distributor=--stats-json="$stats")
+        -Xthinlto-distributor=--jobs="$jobs" -Xthinlto-distributor=--stats-json="$stats"
+        -Xthinlto-distributor=--trace="$out/traces/$scenario-$label-$link_count.json")
     case $variant in
         local) ;;
         *) args+=(-Xthinlto-distributor=--remote="$server_url" -Xthinlto-distributor=--strategy="$variant") ;;
@@ -111,14 +120,16 @@ PY
     fi
 }
 
-# prime: the server gets the compiler, with a one-module program linked through it.
+# prime: the server gets the compiler, with a one-module program linked through it — remote-only:
+# racing (the default) lets the local side win and leaves the compiler's upload unfinished, which the
+# first remote-only link then pays for (74 s at `distant`'s 20 Mbit).
 prime() {
     mkdir -p "$out/prime" && cp "$main_project/m0000.c" "$out/prime/one.c"
     sed -i 's/^long entry1(long);$//; s/\^ entry1(x + 1)//' "$out/prime/one.c"
     printf 'long entry0(long);\nint main(void) { return (int)entry0(1) & 1; }\n' >"$out/prime/main.c"
     (cd "$out/prime" && "$CLANG" --target=x86_64-linux-gnu -O2 -flto=thin "-fuse-ld=$LLD" one.c main.c -o one \
         "${compiler_flags[@]}" -fthinlto-distributor="$distributor" -Xthinlto-distributor=--remote="$server_url" \
-        >"$out/prime.log" 2>&1) || { cat "$out/prime.log" >&2; exit 1; }
+        -Xthinlto-distributor=--strategy=remote >"$out/prime.log" 2>&1) || { cat "$out/prime.log" >&2; exit 1; }
 }
 
 edits=0
@@ -145,17 +156,18 @@ for scenario in $scenarios; do
         slow) local_jobs=$jobs; jobs=1; start_server --fault-slow "Execute=$slow_ms"; jobs=$local_jobs ;;
         distant) start_server --throttle-latency-ms "$latency" --throttle-bandwidth "$bandwidth" ;;
         relink | imports) start_server ;;
+        held) start_server --fault-slow "Execute=$held_ms" ;;
         *) say "unknown scenario $scenario"; exit 1 ;;
     esac
     prime
-    if [[ $scenario == relink || $scenario == imports ]]; then
+    if [[ $scenario == relink || $scenario == imports || $scenario == held ]]; then
         # lld's cache and the cluster's both warm with the whole project.
         cache=$out/$scenario-lld-cache && rm -rf "$cache"
         link "$scenario" remote warmup -Wl,--thinlto-cache-dir="$cache"
     fi
     for round in $(seq "$runs"); do
         for variant in local remote racing; do
-            if [[ $scenario == relink || $scenario == imports ]]; then
+            if [[ $scenario == relink || $scenario == imports || $scenario == held ]]; then
                 edit "$scenario"
                 link "$scenario" "$variant" "$variant" -Wl,--thinlto-cache-dir="$cache"
             else
@@ -170,7 +182,8 @@ say "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "$modules modules x $functions functions, --jobs=$jobs, best of $runs; slow: 1 worker, Execute held ${slow_ms} ms;" \
     "distant: $jobs workers, ${latency} ms per call, $bandwidth; relink: one module edited, lld cache warm, $jobs workers;" \
-    "imports: $import_modules modules x 1 function importing from $imports each, one module edited"
+    "imports: $import_modules modules x 1 function importing from $imports each, one module edited;" \
+    "held: relink with every Execute held ${held_ms} ms"
 python3 - "$out/times.tsv" <<'PY'
 import collections, sys
 rows = collections.defaultdict(list)
@@ -188,4 +201,38 @@ for scenario in dict.fromkeys(s for s, _ in rows):
 print("rounds (link s, in order):")
 for (scenario, variant), runs in rows.items():
     print(f"  {scenario:<9}{variant:<8}" + " ".join(f"{r[0]:.2f}" for r in runs))
+PY
+python3 - "$out/traces" <<'PY'
+import collections, glob, json, os, statistics, sys
+# Per link: when the first local compile started, the median local compile, the median store of a
+# local winner (the uploads of a job after its race ended), and when the last job ended; in ms from
+# the start of the distributor's trace.
+links = collections.defaultdict(list)
+for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
+    scenario, variant, _ = os.path.basename(path)[:-5].rsplit("-", 2)
+    if variant == "warmup":
+        continue
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X" and e.get("pid") != 2]
+    end = lambda e: e["ts"] + e.get("dur", 0)
+    compiles = [e for e in events if e["name"] == "local compile"]
+    stores = []
+    for race in (e for e in events if e["name"] == "race"):
+        job = next(e for e in events if e["tid"] == race["tid"] and "index" in e.get("args", {})
+                   and e["ts"] <= race["ts"] and end(race) <= end(e))
+        stores.append(sum(e.get("dur", 0) for e in events if e["tid"] == race["tid"] and e["name"] == "upload"
+                          and end(race) <= e["ts"] <= end(job)))
+    stored = [s for s in stores if s]
+    links[(scenario, variant)].append((
+        min((e["ts"] for e in compiles), default=None),
+        statistics.median(e.get("dur", 0) for e in compiles) if compiles else None,
+        statistics.median(stored) if stored else None,
+        max(map(end, events), default=None),
+    ))
+median = lambda xs: f"{statistics.median(xs) / 1000:.2f}" if xs else "-"
+print("from --trace, medians over rounds (ms from the distributor's start):")
+print(f"  {'scenario':<9}{'variant':<8}{'first compile':>15}{'compile':>10}{'store':>8}{'last job ends':>15}")
+order = {"local": 0, "remote": 1, "racing": 2}
+for (scenario, variant), rows in sorted(links.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 3))):
+    columns = [median([r[i] for r in rows if r[i] is not None]) for i in range(4)]
+    print(f"  {scenario:<9}{variant:<8}{columns[0]:>15}{columns[1]:>10}{columns[2]:>8}{columns[3]:>15}")
 PY
