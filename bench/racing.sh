@@ -217,8 +217,10 @@ for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
     compiles = [e for e in events if e["name"] == "local compile"]
     stores = []
     for race in (e for e in events if e["name"] == "race"):
-        job = next(e for e in events if e["tid"] == race["tid"] and "index" in e.get("args", {})
-                   and e["ts"] <= race["ts"] and end(race) <= end(e))
+        job = next((e for e in events if e["tid"] == race["tid"] and "index" in e.get("args", {})
+                    and e["ts"] <= race["ts"] and end(race) <= end(e)), None)
+        if job is None:
+            continue
         stores.append(sum(e.get("dur", 0) for e in events if e["tid"] == race["tid"] and e["name"] == "upload"
                           and end(race) <= e["ts"] <= end(job)))
     stored = [s for s in stores if s]

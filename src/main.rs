@@ -8,7 +8,7 @@ use dtlto_reapi::{check, config, distribute, explain, wrapper};
 
 fn main() -> ExitCode {
     // The reaper is started at every link that compiles locally and shares the link's cores with
-    // the first compile: it skips building the command line parser (a third of its start-up).
+    // the first compile: it skips building the command-line parser (30% of its start-up's CPU).
     #[cfg(unix)]
     if std::env::args_os()
         .skip(1)
