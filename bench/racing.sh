@@ -133,6 +133,8 @@ prime() {
 }
 
 edits=0
+# edits_each_link SCENARIO: whether each of its links follows an edit of one module (lld's cache warm).
+edits_each_link() { [[ $1 == relink || $1 == imports || $1 == held ]]; }
 # Each run's edits are new to lld's cache and the cluster's, even with KEEP_PROJECT=1.
 run_id=${EPOCHREALTIME/[.,]/}
 # edit SCENARIO: a new version of one module in the middle of the chain (a new variable, which
@@ -160,14 +162,14 @@ for scenario in $scenarios; do
         *) say "unknown scenario $scenario"; exit 1 ;;
     esac
     prime
-    if [[ $scenario == relink || $scenario == imports || $scenario == held ]]; then
+    if edits_each_link "$scenario"; then
         # lld's cache and the cluster's both warm with the whole project.
         cache=$out/$scenario-lld-cache && rm -rf "$cache"
         link "$scenario" remote warmup -Wl,--thinlto-cache-dir="$cache"
     fi
     for round in $(seq "$runs"); do
         for variant in local remote racing; do
-            if [[ $scenario == relink || $scenario == imports || $scenario == held ]]; then
+            if edits_each_link "$scenario"; then
                 edit "$scenario"
                 link "$scenario" "$variant" "$variant" -Wl,--thinlto-cache-dir="$cache"
             else

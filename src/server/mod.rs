@@ -406,7 +406,7 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
     });
     let workers = args
         .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        .unwrap_or_else(crate::settings::available_cores);
     let shutdown = CancellationToken::new();
     // Actions with the server's rights on files could write a shared copy: they get their own.
     let shared = if isolation.actions_are_server_user() {
