@@ -3,12 +3,14 @@
 # action-cache hit against `dtlto-reapi serve` on loopback) with two digest caches, interleaved
 # round by round — `small`, holding only what this project's links put there, and `big`, the same
 # plus ENTRIES synthetic file entries (valid lines with their checksums, distinct inodes, as a
-# machine that has linked a large project holds). Every remote link reads and indexes the whole
-# file, so the difference is what a link pays for everything else the machine has linked. Prints
-# the median, over RUNS rounds, of the distributor's CPU (`cpu_ms` of --stats-json) and the link's
-# wall time for each cache, and each cache file's size.
+# machine that has linked a large project holds), each in the part its path hashes to. A link reads
+# only the parts of its own files, so the difference is what a link pays for everything else the
+# machine has linked. Prints the median, over RUNS rounds, of the distributor's CPU (`cpu_ms` of
+# --stats-json) and the link's wall time for each cache, and each cache's size.
 #
-# Environment: MODULES (8), FUNCTIONS per module (4), ENTRIES (90000), RUNS (9), JOBS (nproc).
+# Environment: MODULES (8), FUNCTIONS per module (4), ENTRIES (90000), RUNS (9), JOBS (nproc),
+# DISTRIBUTOR (the dtlto-reapi binary to measure; default: this checkout's release build; a build
+# from before the cache was split in parts, which kept it in one file, `file-digests-v3`, works too).
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
@@ -18,6 +20,7 @@ functions=${FUNCTIONS:-4}
 entries=${ENTRIES:-90000}
 runs=${RUNS:-9}
 jobs=${JOBS:-$(nproc)}
+distributor=${DISTRIBUTOR:-$distributor}
 out=$root/bench/out/digest-cache
 project=$out/project
 trap stop_server EXIT
@@ -45,35 +48,51 @@ for cache in small big; do
     mkdir -p "$out/$cache" && chmod 700 "$out/$cache"
     link "$cache" "warm-$cache"
 done
-file=dtlto-reapi/file-digests-v3
-say "adding $entries synthetic entries to the big cache"
-python3 - "$out/big/$file" "$entries" <<'PY'
-import hashlib, sys, time
+# The cache as the build keeps it: a directory of parts, or (before) one file.
+cache=dtlto-reapi/file-digests-v4
+[[ -d "$out/big/$cache" ]] || cache=dtlto-reapi/file-digests-v3
+say "adding $entries synthetic entries to the big cache ($cache)"
+python3 - "$out/big/$cache" "$entries" <<'PY'
+import hashlib, os, sys, time
 path, count = sys.argv[1], int(sys.argv[2])
 now = int(time.time())
-with open(path, "a") as cache:
-    for n in range(count):
-        # dev ino size mtime ctime last-used sha256 size module-hash path, as a real entry.
-        rest = (f"65024 {900_000_000 + n} 5992 1796531580373518436 1796531580373518436 {now} "
-                f"{hashlib.sha256(str(n).encode()).hexdigest()} 5992 {n:040x} "
-                f"/synthetic/project/dir{n // 1000}/m{n:05d}.o")
-        cache.write(f"{hashlib.sha256(rest.encode()).hexdigest()[:16]} {rest}\n")
+lines = {}
+for n in range(count):
+    # dev ino size mtime ctime last-used sha256 size module-hash path, as a real entry.
+    file = f"/synthetic/project/dir{n // 1000}/m{n:05d}.o"
+    rest = (f"65024 {900_000_000 + n} 5992 1796531580373518436 1796531580373518436 {now} "
+            f"{hashlib.sha256(str(n).encode()).hexdigest()} 5992 {n:040x} {file}")
+    line = f"{hashlib.sha256(rest.encode()).hexdigest()[:16]} {rest}\n"
+    # A part holds the entries whose path's SHA-256 starts with its name.
+    part = hashlib.sha256(file.encode()).hexdigest()[:2] if os.path.isdir(path) else ""
+    lines.setdefault(part, []).append(line)
+for part, part_lines in lines.items():
+    file = os.path.join(path, part) if part else path
+    if not os.path.exists(file):
+        with open(file, "w") as new:
+            new.write("dtlto-reapi digest cache v4\n")
+    with open(file, "a") as cache:
+        cache.writelines(part_lines)
 PY
 : >"$out/times.tsv"
 for round in $(seq "$runs"); do
     for cache in small big; do link "$cache" "$cache-$round"; done
 done
 say "$modules modules x $functions functions, every job an action-cache hit, --jobs=$jobs, $runs rounds"
-python3 - "$out/times.tsv" "$out/small/$file" "$out/big/$file" <<'PY'
+python3 - "$out/times.tsv" "$out/small/$cache" "$out/big/$cache" <<'PY'
 import os, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     cache, cpu_ms, wall = line.split()
     rows.setdefault(cache, []).append((float(cpu_ms), float(wall)))
-print(f"{'cache':<7}{'file kB':>9}{'lines':>9}{'distributor CPU ms':>20}{'link s':>9}")
+def files(path):
+    return [os.path.join(path, part) for part in os.listdir(path)] if os.path.isdir(path) else [path]
+print(f"{'cache':<7}{'files':>6}{'kB':>9}{'lines':>9}{'distributor CPU ms':>20}{'link s':>9}")
 for cache, path in zip(("small", "big"), sys.argv[2:]):
-    lines = sum(1 for _ in open(path, "rb"))
+    parts = files(path)
+    size = sum(os.path.getsize(part) for part in parts)
+    lines = sum(sum(1 for _ in open(part, "rb")) for part in parts)
     cpu = statistics.median(r[0] for r in rows[cache])
     wall = statistics.median(r[1] for r in rows[cache])
-    print(f"{cache:<7}{os.path.getsize(path) / 1e3:>9.0f}{lines:>9}{cpu:>20.1f}{wall:>9.3f}")
+    print(f"{cache:<7}{len(parts):>6}{size / 1e3:>9.0f}{lines:>9}{cpu:>20.1f}{wall:>9.3f}")
 PY

@@ -73,7 +73,7 @@ identify() {
         -Xthinlto-distributor=--disk-cache="$out/disk-cache" 2>&1 | sed -n 's/.*identified in \([0-9.]*\) ms.*/\1/p'
 }
 identify >/dev/null # fills the disk cache
-rm -rf "$XDG_CACHE_HOME/dtlto-reapi/file-digests-v2"
+rm -rf "$XDG_CACHE_HOME/dtlto-reapi/file-digests-v4"
 cold=$(identify)
 warm=()
 for _ in $(seq 5); do warm+=("$(identify)"); done

@@ -318,7 +318,7 @@ struct Probe {
     uploaded: Option<Toolchain>,
     /// Why upload mode was wanted but is impossible, if so.
     why_not_uploaded: Option<String>,
-    /// Why the digest cache file is not used, if so.
+    /// Why the digest cache (or a part of it) is not used, if so.
     digest_cache_warning: Option<String>,
 }
 
@@ -338,13 +338,13 @@ fn link_compiler(compiler: Option<&Path>, prepend: &[String]) -> Result<Vec<Stri
 
 /// Plans the probe through the link planner: a job file whose compiler and shared arguments are
 /// `common_args`, whose command is `--version`, with no files. The same toolchain resolution,
-/// digest cache (`cache_file`), settings and Action builder as a link's jobs; `legacy_output_files`
+/// digest cache (`cache_dir`), settings and Action builder as a link's jobs; `legacy_output_files`
 /// as a link decides it for the server.
 async fn plan_probe(
     settings: &Settings,
     common_args: Vec<String>,
     legacy_output_files: bool,
-    cache_file: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
 ) -> Result<Probe, Failure> {
     // What runs on the worker, as the user would type it (`zig clang`).
     let shown = match &settings.remote_compiler {
@@ -370,7 +370,7 @@ async fn plan_probe(
         Arc::new(environment),
         cwd,
         legacy_output_files,
-        cache_file,
+        cache_dir,
     )
     .await
     .map_err(|e| Failure::new(format!("{e:#}"), advice::CHECK_COMPILER))?;
@@ -402,7 +402,7 @@ async fn execution(
 ) -> Step<()> {
     let common_args = link_compiler(compiler, prepend)?;
     let legacy = !client.capabilities().supports_output_paths();
-    let probe = plan_probe(settings, common_args, legacy, DigestCache::default_file()).await?;
+    let probe = plan_probe(settings, common_args, legacy, DigestCache::default_dir()).await?;
     if let Some(warning) = &probe.digest_cache_warning {
         println!("! warning: {warning}");
     }

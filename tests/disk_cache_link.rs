@@ -205,25 +205,34 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
         let shard_bytes = total_size(&project, shards.iter().map(Path::new));
         (linked, shards.len() as u64, shard_bytes)
     };
-    // A damaged digest cache (in another format version's words) is an empty one, and is replaced
-    // (damaged lines under this version's header are skipped: the unit tests).
-    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v3");
-    common::write(
-        &digest_cache,
-        b"dtlto-reapi digest cache v2\n1 2 3 \xff\n\x00 truncated",
-    );
+    // A damaged digest cache (in another format version's words: every part) is an empty one,
+    // and the parts a link adds to are replaced (damaged lines under this version's header are
+    // skipped: the unit tests).
+    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v4");
+    for part in 0..=255 {
+        common::write(
+            &digest_cache.join(format!("{part:02x}")),
+            b"dtlto-reapi digest cache v3\n1 2 3 \xff\n\x00 truncated",
+        );
+    }
     // Files changed within the last two seconds are never remembered: let the objects age.
     std::thread::sleep(std::time::Duration::from_millis(2100));
     let (first, _, _) = relink("one/app");
     assert_eq!(first.run_program(), expected);
     let stats = first.stats();
     assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
-    let saved = std::fs::read(&digest_cache).expect("digest cache");
-    let saved = String::from_utf8_lossy(&saved);
-    assert!(
-        saved.lines().any(|line| line.ends_with(" mod0.o")),
-        "{saved}"
-    );
+    let parts: Vec<String> = std::fs::read_dir(&digest_cache)
+        .expect("digest cache")
+        .map(|part| {
+            String::from_utf8_lossy(&std::fs::read(part.expect("part").path()).expect("part"))
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(parts.len(), 256);
+    let saved = parts
+        .iter()
+        .find(|part| part.lines().any(|line| line.ends_with(" mod0.o")))
+        .expect("a part remembers mod0.o");
     assert!(!saved.contains("truncated"), "{saved}");
 
     // Unchanged objects are taken from the digest cache, not read; only the index shards lld

@@ -43,7 +43,7 @@ pub struct Planner {
     toolchain_warning: Option<String>,
     /// How long identifying the compiler took (`--verbose`; the digest cache makes it cheap).
     toolchain_time: std::time::Duration,
-    /// Why the digest cache file is not used, for the caller to warn about.
+    /// Why the digest cache (its directory or a part file) is not used, for the caller to warn about.
     cache_warning: Option<String>,
     /// The digest cache: it also remembers the digests of rewritten index shards
     /// (`layout::canonical`), saved again by [`Planner::save_cache`] once the jobs are planned.
@@ -62,8 +62,8 @@ impl Planner {
         environment: Arc<Environment>,
         cwd: PathBuf,
     ) -> Result<Planner> {
-        let cache_file = DigestCache::default_file();
-        Planner::with_digest_cache(job_file, settings, environment, cwd, false, cache_file).await
+        let cache_dir = DigestCache::default_dir();
+        Planner::with_digest_cache(job_file, settings, environment, cwd, false, cache_dir).await
     }
 
     /// Actions name their outputs in the pre-2.1 `output_files` field, for older servers.
@@ -71,14 +71,14 @@ impl Planner {
         self.options.legacy_output_files = true;
     }
 
-    /// [`Planner::new`] with the digest cache kept in `cache_file` (`None`: in memory only).
+    /// [`Planner::new`] with the digest cache kept in `cache_dir` (`None`: in memory only).
     pub async fn with_digest_cache(
         job_file: Arc<JobFile>,
         settings: &Settings,
         environment: Arc<Environment>,
         cwd: PathBuf,
         legacy_output_files: bool,
-        cache_file: Option<PathBuf>,
+        cache_dir: Option<PathBuf>,
     ) -> Result<Planner> {
         let platform = platform_properties(settings)?;
         let (job_file, refused) = with_named_files(job_file, &cwd);
@@ -90,13 +90,12 @@ impl Planner {
         // both, saved once (a lost save only costs hashing again next time).
         let job_file_path = job_file.path.clone();
         let cache = tokio::task::spawn_blocking(move || {
-            let cache = DigestCache::open(cache_file);
+            let cache = DigestCache::open(cache_dir);
             // lld wrote it just now: the clock of the file system the link's files are on.
             cache.written_now(&job_file_path);
             Arc::new(cache)
         })
         .await?;
-        let cache_warning = cache.untrusted().map(str::to_owned);
         let job_file_for_toolchain = job_file.clone();
         let cache_for_toolchain = cache.clone();
         let environment_for_toolchain = environment.clone();
@@ -129,6 +128,8 @@ impl Planner {
         let toolchain = toolchain.await?;
         let saved = cache.clone();
         let _ = tokio::task::spawn_blocking(move || saved.save()).await?;
+        // After the lookups: a part file another user could write is found when it is read.
+        let cache_warning = cache.untrusted();
         let digests = digests.map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
         let (toolchain, toolchain_warning, toolchain_time) =
             toolchain.map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
@@ -184,7 +185,7 @@ impl Planner {
         self.toolchain_warning.as_deref()
     }
 
-    /// Why the digest cache file is ignored (another user could write it), if it is.
+    /// Why the digest cache, or a part of it, is ignored (another user could write it), if it is.
     pub fn digest_cache_warning(&self) -> Option<&str> {
         self.cache_warning.as_deref()
     }
