@@ -49,10 +49,10 @@ for cache in small big; do
     link "$cache" "warm-$cache"
 done
 # The cache as the build keeps it: a directory of parts, or (before) one file.
-cache=dtlto-reapi/file-digests-v4
-[[ -d "$out/big/$cache" ]] || cache=dtlto-reapi/file-digests-v3
-say "adding $entries synthetic entries to the big cache ($cache)"
-python3 - "$out/big/$cache" "$entries" <<'PY'
+digests=dtlto-reapi/file-digests-v4
+[[ -d "$out/big/$digests" ]] || digests=dtlto-reapi/file-digests-v3
+say "adding $entries synthetic entries to the big cache ($digests)"
+python3 - "$out/big/$digests" "$entries" <<'PY'
 import hashlib, os, sys, time
 path, count = sys.argv[1], int(sys.argv[2])
 now = int(time.time())
@@ -79,7 +79,7 @@ for round in $(seq "$runs"); do
     for cache in small big; do link "$cache" "$cache-$round"; done
 done
 say "$modules modules x $functions functions, every job an action-cache hit, --jobs=$jobs, $runs rounds"
-python3 - "$out/times.tsv" "$out/small/$cache" "$out/big/$cache" <<'PY'
+python3 - "$out/times.tsv" "$out/small/$digests" "$out/big/$digests" <<'PY'
 import os, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
