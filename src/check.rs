@@ -387,7 +387,7 @@ async fn plan_probe(
         blobs,
         uploaded: (toolchain.identity.mode == ToolchainMode::Upload).then(|| toolchain.clone()),
         why_not_uploaded: planner.toolchain_warning().map(str::to_owned),
-        digest_cache_warning: planner.digest_cache_warning().map(str::to_owned),
+        digest_cache_warning: planner.digest_cache_warning(),
     })
 }
 

@@ -301,3 +301,57 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
         "{stats}"
     );
 }
+
+/// A digest cache whose part files another user could write is neither read nor written: the
+/// link hashes its inputs, warns once, and its objects are right.
+#[cfg(unix)]
+#[test]
+fn a_digest_cache_others_could_write_is_not_used() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let (project, expected) = chain_project(3);
+    let xdg_cache = tempfile::tempdir().expect("tempdir");
+    let disk_cache = tempfile::tempdir().expect("tempdir");
+    let digest_cache = xdg_cache.path().join("dtlto-reapi/file-digests-v4");
+    std::fs::create_dir_all(&digest_cache).expect("digest cache");
+    std::fs::set_permissions(&digest_cache, std::fs::Permissions::from_mode(0o700))
+        .expect("chmod the directory");
+    // Every part, so that whichever a link reads first (for an input, the compiler or a rewritten
+    // shard) is writable by others.
+    let header = b"dtlto-reapi digest cache v4\n";
+    for part in 0..=255 {
+        let path = digest_cache.join(format!("{part:02x}"));
+        common::write(&path, header);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+            .expect("chmod a part");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    for output in ["one/app", "two/app"] {
+        let linked = project
+            .link(output)
+            .env("XDG_CACHE_HOME", xdg_cache.path())
+            .distributor_arg(format!("--disk-cache={}", disk_cache.path().display()))
+            .stats_json()
+            .run();
+        linked.assert_success();
+        assert_eq!(linked.run_program(), expected);
+        linked.assert_stderr_contains("is writable by group or others");
+        assert_eq!(
+            linked.stderr.matches("so it is not used").count(),
+            1,
+            "one warning:\n{}",
+            linked.stderr
+        );
+        let stats = linked.stats();
+        assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
+    }
+    for part in std::fs::read_dir(&digest_cache).expect("digest cache") {
+        let path = part.expect("part").path();
+        assert_eq!(
+            std::fs::read(&path).expect("part"),
+            header,
+            "{}",
+            path.display()
+        );
+    }
+}

@@ -229,6 +229,9 @@ impl Runner {
         if let Some(planner) = self.planner.clone() {
             let _ = tokio::task::spawn_blocking(move || planner.save_cache()).await;
         }
+        if let Some(planner) = &self.planner {
+            warn_if_digest_cache_untrusted(ctx, planner);
+        }
         if let Some(remote) = &self.remote {
             remote.client().settle_cancellations().await;
             if let Some(planner) = &self.planner
@@ -250,6 +253,14 @@ impl Runner {
     }
 }
 
+/// Warns, once per link, that the digest cache or a part of it is ignored: at the start, for
+/// what reading the inputs' digests found, and at the end, for parts first read while planning.
+fn warn_if_digest_cache_untrusted(ctx: &RunContext, planner: &Planner) {
+    if let Some(why) = planner.digest_cache_warning() {
+        ctx.reporter.warn_once("digest-cache-untrusted", &why);
+    }
+}
+
 /// Says how actions get the compiler: with `--verbose`, and as a warning where upload mode was
 /// wanted for remote execution but is impossible.
 fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) {
@@ -262,9 +273,7 @@ fn announce_toolchain(ctx: &RunContext, settings: &Settings, planner: &Planner) 
         );
         ctx.reporter.warn_once("toolchain", &text);
     }
-    if let Some(why) = planner.digest_cache_warning() {
-        ctx.reporter.warn_once("digest-cache-untrusted", why);
-    }
+    warn_if_digest_cache_untrusted(ctx, planner);
     ctx.reporter.verbose(|| {
         let mode = match toolchain.identity.mode {
             ToolchainMode::Upload => "upload",

@@ -43,8 +43,6 @@ pub struct Planner {
     toolchain_warning: Option<String>,
     /// How long identifying the compiler took (`--verbose`; the digest cache makes it cheap).
     toolchain_time: std::time::Duration,
-    /// Why the digest cache (its directory or a part file) is not used, for the caller to warn about.
-    cache_warning: Option<String>,
     /// The digest cache: it also remembers the digests of rewritten index shards
     /// (`layout::canonical`), saved again by [`Planner::save_cache`] once the jobs are planned.
     cache: Arc<DigestCache>,
@@ -128,8 +126,6 @@ impl Planner {
         let toolchain = toolchain.await?;
         let saved = cache.clone();
         let _ = tokio::task::spawn_blocking(move || saved.save()).await?;
-        // After the lookups: a part file another user could write is found when it is read.
-        let cache_warning = cache.untrusted();
         let digests = digests.map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
         let (toolchain, toolchain_warning, toolchain_time) =
             toolchain.map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
@@ -154,7 +150,6 @@ impl Planner {
             layout: settings.layout,
             toolchain_warning,
             toolchain_time,
-            cache_warning,
             cache,
         })
     }
@@ -185,9 +180,11 @@ impl Planner {
         self.toolchain_warning.as_deref()
     }
 
-    /// Why the digest cache, or a part of it, is ignored (another user could write it), if it is.
-    pub fn digest_cache_warning(&self) -> Option<&str> {
-        self.cache_warning.as_deref()
+    /// Why the digest cache, or a part of it, is ignored (another user could write it), if it is:
+    /// a part is checked when first read, so a part read only while planning the jobs (for a
+    /// rewritten shard's digest) is known after they are planned.
+    pub fn digest_cache_warning(&self) -> Option<String> {
+        self.cache.untrusted()
     }
 
     /// The Action of `job`, or why it has none.
