@@ -355,6 +355,17 @@ fn distrusted(path: &Path, problem: &str) -> String {
     )
 }
 
+/// For tests: a scratch directory, the path of a cache directory `store` in it (not created), and
+/// a file `name` in it holding `abc`, with its stamp.
+#[cfg(all(test, unix))]
+fn scratch(store: &str, name: &str) -> (tempfile::TempDir, PathBuf, PathBuf, (Stamp, Metadata)) {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, file) = (dir.path().join(store), dir.path().join(name));
+    std::fs::write(&file, b"abc").unwrap();
+    let meta = platform::stamp_path(&file).unwrap();
+    (dir, store, file, meta)
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;
@@ -368,11 +379,7 @@ mod tests {
 
     #[test]
     fn remembers_across_processes_and_forgets_changed_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("cache/file-digests");
-        let file = dir.path().join("compiler with spaces");
-        std::fs::write(&file, b"abc").unwrap();
-        let meta = platform::stamp_path(&file).unwrap();
+        let (dir, store, file, meta) = scratch("cache/file-digests", "compiler with spaces");
 
         // A file that just changed is hashed but not remembered.
         let cache = DigestCache::open(Some(store.clone()));
@@ -561,11 +568,7 @@ mod tests {
     #[test]
     fn a_cache_others_could_write_is_ignored_with_a_reason() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("dtlto-reapi/file-digests");
-        let file = dir.path().join("input.o");
-        std::fs::write(&file, b"abc").unwrap();
-        let meta = platform::stamp_path(&file).unwrap();
+        let (_dir, store, file, meta) = scratch("dtlto-reapi/file-digests", "input.o");
         let key = FileKey::new(&file, &meta);
         let part = store.join(part_name(key.part()));
         let saved = DigestCache::open(Some(store.clone()));

@@ -742,7 +742,7 @@ mod tests {
     use std::sync::OnceLock;
     use std::time::SystemTime;
 
-    use super::super::{DigestCache, part_name, part_of};
+    use super::super::{DigestCache, part_name, part_of, scratch};
     use super::*;
 
     impl DigestCache {
@@ -1021,11 +1021,7 @@ mod tests {
 
     #[test]
     fn a_lookup_records_the_use_at_most_once_a_day() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("file-digests");
-        let file = dir.path().join("f");
-        std::fs::write(&file, b"abc").unwrap();
-        let meta = platform::stamp_path(&file).unwrap();
+        let (_dir, store, file, meta) = scratch("file-digests", "f");
         let key = FileKey::new(&file, &meta);
         let cache = DigestCache::open(Some(store.clone()));
         cache.insert(key.clone(), remembered(b"abc", None));
@@ -1106,10 +1102,7 @@ mod tests {
 
     #[test]
     fn lines_are_parsed_when_looked_up_and_count_as_live_before() {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, file) = (dir.path().join("file-digests"), dir.path().join("f"));
-        std::fs::write(&file, b"abc").unwrap();
-        let meta = platform::stamp_path(&file).unwrap();
+        let (_dir, store, file, meta) = scratch("file-digests", "f");
         let hash = "a".repeat(64);
         // More lines than the slack a save allows before it compacts, none yet looked up.
         let others = (0..2 * COMPACT_SLACK)
