@@ -249,6 +249,14 @@ impl JobFile {
         &self.common_args[0]
     }
 
+    /// The arguments lld put between the compiler and its own, which start with `-c`: those of
+    /// `--thinlto-remote-compiler-prepend-arg` (`clang` for a multi-call binary such as zig).
+    pub fn prepended_args(&self) -> &[String] {
+        let after_compiler = &self.common_args[1..];
+        let own = after_compiler.iter().position(|arg| arg == "-c");
+        &after_compiler[..own.unwrap_or(0)]
+    }
+
     /// The full command line of `job`: `common.args ++ job.args`.
     pub fn command(&self, job: &Job) -> Vec<String> {
         self.common_args
@@ -512,6 +520,8 @@ mod tests {
         assert_eq!(file.jobs[0].module(), Path::new(member));
         assert_eq!(file.jobs[0].imports()[0], Path::new(emoji));
         assert!(file.common_inputs.is_empty());
+        // No `-c` of lld's: nothing is known to be prepended.
+        assert!(file.prepended_args().is_empty());
     }
 
     #[test]
@@ -521,6 +531,7 @@ mod tests {
         let text = include_str!("bitcode/testdata/coff-dist-file.json");
         let file = parse(serde_json::from_str(text).unwrap()).unwrap();
         assert_eq!(file.compiler(), "/opt/ziglang/zig");
+        assert_eq!(file.prepended_args(), ["clang"]);
         let member = Path::new("libt3.libt3.o158.3.453F.o");
         assert_eq!(file.jobs[0].imports(), [member, Path::new("t2.o")]);
         assert_eq!(file.jobs[2].module(), member);

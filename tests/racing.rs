@@ -323,4 +323,9 @@ fn a_compiler_upload_the_local_side_outran_is_reported_with_the_way_to_finish_it
         "the cluster lacks the compiler, and its upload did not finish before the link did",
     );
     linked.assert_stderr_contains("`dtlto-reapi check --compiler=");
+    // The check runs the compiler as the link's compiles do: with the arguments lld prepends.
+    let prepend = &common::toolchain().compiler_prepend;
+    if !prepend.is_empty() {
+        linked.assert_stderr_contains(&format!(" --compiler-prepend-arg={prepend}`"));
+    }
 }

@@ -237,11 +237,15 @@ impl Runner {
             if let Some(planner) = &self.planner
                 && remote.toolchain_upload_unfinished()
             {
+                // The check's probe runs the compiler as the link's compiles do.
+                let prepended: String = (ctx.job_file.prepended_args().iter())
+                    .map(|arg| format!(" --compiler-prepend-arg={arg}"))
+                    .collect();
                 let text = format!(
                     "the cluster lacks the compiler, and its upload did not finish before the \
                      link did (local compiles won the races): each link pays for it again until \
-                     one finishes it; `dtlto-reapi check --compiler={}` with this link's remote \
-                     settings uploads it once",
+                     one finishes it; `dtlto-reapi check --compiler={}{prepended}` with this \
+                     link's remote settings uploads it once",
                     planner.toolchain().compiler.display()
                 );
                 ctx.reporter.warn_once("toolchain-upload-unfinished", &text);
