@@ -323,13 +323,14 @@ fn part_of(key: &[u8]) -> usize {
 fn part_name(index: usize) -> String {
     format!("{index:02x}")
 }
+
 /// Creates `dir` (and its missing parents) private to this user.
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     platform::private_dirs().recursive(true).create(dir)
 }
 
 /// The device of `dir` and the modification time (ns since the epoch) of a file written there now:
-/// where the cache file lives, the time by that file system's own clock.
+/// in the cache's directory, the time by that file system's own clock.
 fn probe_time(dir: &Path) -> Option<(u64, i64)> {
     create_private_dir(dir).ok()?;
     let probe = tempfile::NamedTempFile::new_in(dir).ok()?;

@@ -20,6 +20,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::{FileKey, PARTS, Remembered, create_private_dir, distrusted};
+use crate::cache::foreign_writable;
 use crate::platform;
 use crate::reapi::digest::{self, Digest};
 
@@ -96,7 +97,7 @@ impl Part {
         };
         let meta = handle.metadata().map_err(|e| e.to_string())?;
         // The handle's own metadata: what it reads is what was checked.
-        if let Some(problem) = platform::foreign_writable(&file, &meta) {
+        if let Some(problem) = foreign_writable(&file, &meta) {
             return Err(distrusted(&file, &problem));
         }
         let mut bytes = Vec::with_capacity(meta.len() as usize + 1);
