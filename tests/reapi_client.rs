@@ -787,3 +787,63 @@ async fn connections_are_opened_only_when_the_earlier_ones_are_full() {
     // And the test harness's own connection to the server.
     assert_eq!(server_stats(server, &dir).await["connections"], 2 + 1);
 }
+
+/// Jobs' uploads are coalesced: what jobs stage goes in the upload of the first job that needs
+/// it, one BatchUpdateBlobs for all. A blob that cannot be sent (a file that changed after it was
+/// hashed) fails the job it belongs to, not the others that shared its upload.
+#[tokio::test]
+async fn staged_uploads_go_together_and_a_bad_blob_fails_only_its_own_job() {
+    use dtlto_reapi::executor::uploads::Uploads;
+    let (server, dir) = counting_server(&[], false).await;
+    let client = connect(&server).await;
+    let uploads = Uploads::default();
+    let made: Vec<Blob> = (0..5).map(|i| Blob::from_bytes(data(500, i))).collect();
+    let none: &[Blob] = &[];
+    for blob in &made[..4] {
+        uploads
+            .stage(&client, none, std::slice::from_ref(blob), &ctx())
+            .unwrap();
+    }
+    uploads
+        .ensure(&client, none, &made[4..], &ctx())
+        .await
+        .expect("upload");
+    // The staged blobs went with it: these find them sent and send nothing.
+    for blob in &made[..4] {
+        let one = std::slice::from_ref(blob);
+        uploads
+            .ensure(&client, none, one, &ctx())
+            .await
+            .expect("present");
+    }
+
+    // A file that shrank after it was hashed, staged by one job; another job's upload carries it.
+    let path = dir.path().join("changed.o");
+    std::fs::write(&path, data(2000, 9)).unwrap();
+    let changed = Blob::from_file(path.clone(), digest::of_file(&path).unwrap());
+    std::fs::write(&path, data(1000, 9)).unwrap();
+    let good = Blob::from_bytes(data(700, 10));
+    let bad_job = [changed];
+    uploads.stage(&client, &bad_job, &[], &ctx()).unwrap();
+    let good_job = std::slice::from_ref(&good);
+    uploads
+        .ensure(&client, none, good_job, &ctx())
+        .await
+        .expect("the good job's upload, sent again alone");
+    let failed = uploads.ensure(&client, &bad_job, &[], &ctx()).await;
+    let error = failed
+        .expect_err("the changed file cannot be sent")
+        .to_string();
+    assert!(error.contains("did the file change"), "{error}");
+
+    let all: Vec<Digest> = made
+        .iter()
+        .chain([&good])
+        .map(|b| b.digest.clone())
+        .collect();
+    assert!(client.find_missing(&all, &ctx()).await.unwrap().is_empty());
+    let calls = &server_stats(server, &dir).await["calls"];
+    // One batch for the five staged blobs, one for the good job's blob alone: the upload it
+    // shared with the changed file failed before it was sent.
+    assert_eq!(calls["BatchUpdateBlobs"], 2, "{calls}");
+}

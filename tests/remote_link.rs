@@ -339,11 +339,13 @@ fn served(server: Server, path: &std::path::Path) -> serde_json::Value {
 
 /// With the remote strategy, a link whose lookups keep missing stops asking the action cache
 /// (Execute asks it itself), and a result that only Execute finds is still a hit: nothing compiles.
+/// Jobs waiting for a turn to execute share their uploads: far fewer BatchUpdateBlobs than jobs.
 #[test]
 fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
-    const MODULES: usize = 40;
-    // Two jobs in flight, so that the lookups stop long before the link ends.
-    const IN_FLIGHT: u64 = 2;
+    const MODULES: usize = 60;
+    // Two executions at once, plus the 32 jobs a remote link plans ahead of them
+    // (`UPLOAD_AHEAD`), so that the lookups stop long before the link ends.
+    const IN_FLIGHT: u64 = 2 + 32;
     let (project, expected) = chain_project(MODULES);
     let state = tempfile::tempdir().unwrap();
     let cas_dir = state.path().join("cas");
@@ -366,6 +368,8 @@ fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
     let cold = served(server, &cold_stats);
     let lookups = cold["calls"]["GetActionResult"].as_u64().unwrap();
     assert!((16..=16 + IN_FLIGHT).contains(&lookups), "{cold}");
+    let uploads = cold["calls"]["BatchUpdateBlobs"].as_u64().unwrap();
+    assert!((1..=MODULES as u64 / 4).contains(&uploads), "{cold}");
 
     // Every lookup misses, but the cold link's results are in the action cache Execute consults.
     let server = server_with(

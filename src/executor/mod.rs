@@ -23,7 +23,7 @@ pub mod remote;
 mod runner;
 mod scheduler;
 mod slots;
-mod uploads;
+pub mod uploads;
 
 pub use context::RunContext;
 pub use runner::Runner;

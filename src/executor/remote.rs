@@ -1,7 +1,9 @@
 //! The remote executor: each job becomes a REAPI Action, looked up in the action cache, executed on
 //! the cluster when missing, and its outputs downloaded to where lld expects them.
 //!
-//! Per planned job: GetActionResult → on a miss, FindMissingBlobs and upload what is missing,
+//! Per planned job: GetActionResult → on a miss, stage its blobs for upload, wait for a turn to
+//! execute (`--remote-jobs` turns; the link runs [`UPLOAD_AHEAD`] jobs more, which stage their
+//! blobs meanwhile), upload what is missing together with what other jobs staged (`uploads`),
 //! Execute → download and verify the outputs into staged names → move them into place. Once the
 //! lookups of a link keep missing (a cold link), jobs skip GetActionResult and go straight to
 //! Execute, whose own action-cache lookup still finds any hit. A job whose
@@ -17,6 +19,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use bazel_remote_apis::build::bazel::remote::execution::v2::ActionResult;
+use tokio::sync::Semaphore;
 
 use super::context::RunContext;
 use super::health::Health;
@@ -55,7 +58,16 @@ pub struct RemoteExecutor {
     toolchain_missing: AtomicBool,
     /// Action-cache misses since the last hit (remote strategy): see [`COLD_LINK_MISSES`].
     misses_in_a_row: AtomicU32,
+    /// Turns to execute: `--remote-jobs` of them. The link runs [`UPLOAD_AHEAD`] jobs more, which
+    /// plan and stage their uploads while they wait for a turn.
+    turns: Semaphore,
 }
+
+/// Jobs a remote link of the remote strategy runs beyond its `--remote-jobs` executions: they
+/// plan and stage their uploads while they wait for a turn, so that a cold link's steady state
+/// (one job starts as another ends) sends the blobs of this many jobs in one upload, not one
+/// upload per job.
+pub const UPLOAD_AHEAD: usize = 32;
 
 /// After this many action-cache misses in a row, jobs of the remote strategy skip GetActionResult:
 /// Execute looks the Action up in the action cache itself (REAPI's `skip_cache_lookup` is false),
@@ -148,6 +160,7 @@ impl RemoteExecutor {
             toolchain_blobs: AtomicU64::new(0),
             toolchain_missing: AtomicBool::new(false),
             misses_in_a_row: AtomicU32::new(0),
+            turns: Semaphore::new(settings.remote_jobs.max(1)),
         })
     }
 
@@ -440,6 +453,17 @@ impl RemoteExecutor {
         let mut on_stage = |stage: Stage| {
             if stage == Stage::Executing {
                 executing();
+            }
+        };
+        self.uploads
+            .stage(&self.client, &spec.input_files, &spec.blobs, call)?;
+        let _turn = match self.turns.try_acquire() {
+            Ok(turn) => turn,
+            Err(_) => {
+                let _phase = trace::phase("waiting to execute");
+                self.turns.acquire().await.map_err(|_| {
+                    RemoteFailure::Other("the turns to execute were closed".to_owned())
+                })?
             }
         };
         let upload = trace::phase("upload");

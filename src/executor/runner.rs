@@ -11,7 +11,7 @@ use super::context::RunContext;
 use super::disk_cache::DiskCacheStep;
 use super::local::LocalSetup;
 use super::local_runner::LocalRunner;
-use super::remote::RemoteExecutor;
+use super::remote::{RemoteExecutor, UPLOAD_AHEAD};
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
 use crate::plan::digests::HashingStats;
@@ -19,7 +19,7 @@ use crate::plan::environment::Environment;
 use crate::plan::options::ToolchainMode;
 use crate::plan::planner::Planner;
 use crate::reapi::{self, TransferStats};
-use crate::settings::{Mode, Settings};
+use crate::settings::{Mode, Settings, Strategy};
 use crate::stats::{Degraded, JobRecord, Ran, Status, ToolchainReport};
 use crate::trace::{self, LinkTrack};
 
@@ -115,7 +115,13 @@ impl Runner {
     /// Jobs in flight at once: many when a cluster runs them, else as many as local compiles.
     pub fn concurrency(&self, settings: &Settings) -> usize {
         if self.remote.is_some() {
-            settings.remote_jobs
+            // Executions take turns: the jobs beyond them plan and stage their uploads meanwhile.
+            // (Not when racing: a job let in races a local compile, and `--remote-jobs` is how
+            // many jobs race at once.)
+            let executes_only =
+                settings.mode == Mode::Remote && settings.strategy == Strategy::Remote;
+            let ahead = if executes_only { UPLOAD_AHEAD } else { 0 };
+            settings.remote_jobs + ahead
         } else if self.disk.is_some() {
             // Cache hits need no core: let them overlap with the compiles.
             settings.jobs * 4
