@@ -455,8 +455,7 @@ impl RemoteExecutor {
                 executing();
             }
         };
-        self.uploads
-            .stage(&self.client, &spec.input_files, &spec.blobs, call)?;
+        let staged = (self.uploads).stage(&self.client, &spec.input_files, &spec.blobs, call)?;
         let _turn = match self.turns.try_acquire() {
             Ok(turn) => turn,
             Err(_) => {
@@ -469,7 +468,7 @@ impl RemoteExecutor {
         let upload = trace::phase("upload");
         self.upload_toolchain(spec, call).await?;
         self.uploads
-            .ensure(&self.client, &spec.input_files, &spec.blobs, call)
+            .wait_for(staged, &self.client, &spec.input_files, &spec.blobs, call)
             .await?;
         drop(upload);
         let execution = trace::phase("remote execution");

@@ -66,11 +66,11 @@ impl Default for Uploads {
 struct Table {
     states: HashMap<Digest, State>,
     /// The blobs staged for the next coalesced upload (see [`Uploads::stage`]).
-    staged: Option<Staged>,
+    staged: Option<StagedBlobs>,
 }
 
 /// Blobs staged to go out together.
-struct Staged {
+struct StagedBlobs {
     /// Files, which the server is asked about first.
     asked: Vec<Blob>,
     /// Blobs made for Actions, sent without asking.
@@ -107,11 +107,7 @@ impl Found for Arc<FileInfo> {
 impl Uploads {
     /// Makes sure every blob of `found` (asked about first) and `made` (sent without asking) is in
     /// the CAS: sends those nobody has sent or staged, together with everything other jobs have
-    /// staged by then ([`Uploads::stage`]), and waits for the uploads that carry the others.
-    ///
-    /// A coalesced upload carries other jobs' blobs; if it fails for a reason of its own (a file
-    /// that changed since it was hashed, say) rather than the cluster's, this job's blobs are sent
-    /// again alone, so that one job's bad input fails that job only.
+    /// staged by then, and waits for the uploads that carry the others.
     pub async fn ensure(
         &self,
         client: &Client,
@@ -119,29 +115,47 @@ impl Uploads {
         made: &[Blob],
         call: &CallContext,
     ) -> Result<(), Arc<ReapiError>> {
-        let waits = self.register(client, found, made, call, Sending::WithStaged)?;
-        match wait_all(waits).await {
-            Err(e) if !e.is_infrastructure() => {
-                let waits = self.register(client, found, made, call, Sending::Alone)?;
-                wait_all(waits).await
-            }
-            done => done,
-        }
+        let staged = self.stage(client, found, made, call)?;
+        self.wait_for(staged, client, found, made, call).await
     }
 
     /// Stages the blobs of `found` and `made` that nobody has sent or staged for the next
-    /// coalesced upload, without sending anything: the first job that needs one of them sends
-    /// them all in one upload (one FindMissingBlobs and one BatchUpdateBlobs for many jobs, where
-    /// each job sent its own before). Jobs stage their blobs while they wait for a turn to execute.
+    /// coalesced upload, without sending anything: the first job that waits for one of them
+    /// ([`Uploads::wait_for`]) sends them all in one upload (one FindMissingBlobs and one
+    /// BatchUpdateBlobs for many jobs, where each job made its own calls before). Remote jobs
+    /// stage their blobs while they wait for a turn to execute.
     pub fn stage(
         &self,
         client: &Client,
         found: &[impl Found],
         made: &[Blob],
         call: &CallContext,
+    ) -> Result<Staged, Arc<ReapiError>> {
+        let waits = self.register(client, found, made, call, Sending::Staged)?;
+        Ok(Staged { waits })
+    }
+
+    /// Waits until the blobs of a job's [`Staged`] are in the CAS, sending what is still staged.
+    ///
+    /// A coalesced upload carries other jobs' blobs; if it fails for a reason of its own (a file
+    /// that changed since it was hashed, say) rather than the cluster's, this job's blobs (`found`
+    /// and `made`, as staged) are sent again alone, so that one job's bad input fails that job
+    /// only.
+    pub async fn wait_for(
+        &self,
+        staged: Staged,
+        client: &Client,
+        found: &[impl Found],
+        made: &[Blob],
+        call: &CallContext,
     ) -> Result<(), Arc<ReapiError>> {
-        self.register(client, found, made, call, Sending::Staged)
-            .map(drop)
+        match wait_all(staged.waits).await {
+            Err(e) if !e.is_infrastructure() => {
+                let waits = self.register(client, found, made, call, Sending::Alone)?;
+                wait_all(waits).await
+            }
+            done => done,
+        }
     }
 
     /// Records that `digests` are in the CAS (uploaded or found there by other means).
@@ -216,8 +230,8 @@ impl Uploads {
                     .boxed()
                     .shared()
             }
-            Sending::WithStaged | Sending::Staged => {
-                let staged = table.staged.get_or_insert_with(|| Staged {
+            Sending::Staged => {
+                let staged = table.staged.get_or_insert_with(|| StagedBlobs {
                     asked: Vec::new(),
                     sent: Vec::new(),
                     upload: self.staged_upload(client.clone(), call),
@@ -230,22 +244,23 @@ impl Uploads {
         for digest in digests {
             table.states.insert(digest, State::InFlight(upload.clone()));
         }
-        if !matches!(sending, Sending::Staged) {
-            waits.push(upload);
-        }
+        waits.push(upload);
         Ok(waits)
     }
 }
 
-/// Whether a job's blobs go out now, and with what.
+/// How a job's blobs go out.
 #[derive(Clone, Copy)]
 enum Sending {
-    /// With everything staged, sent now (the job waits for them).
-    WithStaged,
-    /// Staged, sent when a job first needs one of them.
+    /// Staged, with what other jobs staged, when a job first waits for one of them.
     Staged,
-    /// In an upload of their own, sent now.
+    /// In an upload of their own.
     Alone,
+}
+
+/// The uploads that carry a job's blobs, once staged: see [`Uploads::wait_for`].
+pub struct Staged {
+    waits: Vec<SharedUpload>,
 }
 
 impl Uploads {
