@@ -1,6 +1,8 @@
 //! The async runtime the commands that do I/O run on (a link, `check`), started in one place so
 //! that a failure to start it reads the same everywhere.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 /// Threads of the blocking pool per core: enough to overlap file I/O with hashing and compression.
 const BLOCKING_THREADS_PER_CORE: usize = 4;
 
@@ -36,5 +38,56 @@ pub async fn run_sized<T: Send + 'static>(
         Ok(work())
     } else {
         tokio::task::spawn_blocking(work).await
+    }
+}
+
+/// Whether an async thread is running work of [`run_cpu`] now.
+static CPU_WORK_INLINE: AtomicBool = AtomicBool::new(false);
+
+/// Runs CPU-bound `work` of one job (planning it, writing its object): on the calling async thread
+/// when no other such work runs on one, on the blocking pool otherwise.
+///
+/// A trip to the blocking pool and back is two thread wake-ups; in a cold remote link, where a job
+/// is planned only as another ends, they were about a tenth of a job's CPU. When such work piles up
+/// (an all-hit relink plans hundreds of jobs at once), the pool spreads it over every core, and at
+/// most one async thread is busy with it, so that the calls' I/O goes on.
+pub async fn run_cpu<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if CPU_WORK_INLINE.swap(true, Ordering::Acquire) {
+        return tokio::task::spawn_blocking(work).await;
+    }
+    /// Frees the place even if `work` panics.
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            CPU_WORK_INLINE.store(false, Ordering::Release);
+        }
+    }
+    let _leave = Leave;
+    Ok(work())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which thread `run_cpu` ran its work on.
+    async fn thread_of_work() -> std::thread::ThreadId {
+        run_cpu(|| std::thread::current().id()).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn cpu_work_runs_inline_unless_other_work_does() {
+        let here = std::thread::current().id();
+        assert_eq!(thread_of_work().await, here, "alone: inline");
+        // Work of another job runs inline: this one goes to the blocking pool.
+        CPU_WORK_INLINE.store(true, Ordering::Release);
+        assert_ne!(thread_of_work().await, here, "beside other work: the pool");
+        CPU_WORK_INLINE.store(false, Ordering::Release);
+        // Work that panics leaves the place free.
+        let panicked = tokio::spawn(run_cpu(|| panic!("a planning bug"))).await;
+        assert!(panicked.unwrap_err().is_panic());
+        assert_eq!(thread_of_work().await, here, "after a panic: inline again");
     }
 }

@@ -617,10 +617,13 @@ impl RemoteExecutor {
             let inlined = (!file.contents.is_empty() || digest.size_bytes == 0)
                 && reapi::digest::of_bytes(&file.contents) == *digest;
             if inlined {
-                // On the blocking pool: creating many files at once is much faster in parallel
-                // (file creation dominates a fully cached relink).
-                tokio::fs::write(target, &file.contents)
+                // Creating many files at once is much faster in parallel (file creation dominates
+                // a fully cached relink): `run_cpu` moves them to the blocking pool when they pile up.
+                let (path, contents) = (target.to_path_buf(), file.contents.clone());
+                crate::runtime::run_cpu(move || std::fs::write(path, contents))
                     .await
+                    .map_err(std::io::Error::other)
+                    .flatten()
                     .map_err(|e| RemoteFailure::Other(format!("{}: {e}", target.display())))?;
             } else {
                 self.client.download_to_file(digest, target, call).await?;

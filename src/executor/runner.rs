@@ -205,14 +205,14 @@ impl Runner {
         record
     }
 
-    /// The job's Action, planned on the blocking pool (it reads and rewrites the index shard), or
-    /// None (with one warning per cause) when the job cannot be expressed as one or nothing keys
-    /// results by Actions.
+    /// The job's Action, planned by [`crate::runtime::run_cpu`] (it reads and rewrites the index
+    /// shard), or None (with one warning per cause) when the job cannot be expressed as one or
+    /// nothing keys results by Actions.
     async fn plan(&self, ctx: &RunContext, job: &Job) -> Option<ActionSpec> {
         let planner = self.planner.clone()?;
         let _phase = trace::phase("plan");
         let (ctx, job) = (ctx.clone(), job.clone());
-        let planned = tokio::task::spawn_blocking(move || {
+        let planned = crate::runtime::run_cpu(move || {
             let warn_once = |cause: &'static str, text: &str| ctx.reporter.warn_once(cause, text);
             planner
                 .plan(&job, &warn_once)
