@@ -45,27 +45,20 @@ pub async fn run_sized<T: Send + 'static>(
 static CPU_WORK_INLINE: AtomicBool = AtomicBool::new(false);
 
 /// Runs CPU-bound `work` of one job (planning it, writing its object): on the calling async thread
-/// when no other such work runs on one, on the blocking pool otherwise.
+/// when no other such work runs on one, on the blocking pool otherwise. None if `work` panicked
+/// (as a task on the blocking pool would report it).
 ///
 /// A trip to the blocking pool and back is two thread wake-ups; in a cold remote link, where a job
 /// is planned only as another ends, they were about a tenth of a job's CPU. When such work piles up
 /// (an all-hit relink plans hundreds of jobs at once), the pool spreads it over every core, and at
 /// most one async thread is busy with it, so that the calls' I/O goes on.
-pub async fn run_cpu<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, tokio::task::JoinError> {
+pub async fn run_cpu<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     if CPU_WORK_INLINE.swap(true, Ordering::Acquire) {
-        return tokio::task::spawn_blocking(work).await;
+        return tokio::task::spawn_blocking(work).await.ok();
     }
-    /// Frees the place even if `work` panics.
-    struct Leave;
-    impl Drop for Leave {
-        fn drop(&mut self) {
-            CPU_WORK_INLINE.store(false, Ordering::Release);
-        }
-    }
-    let _leave = Leave;
-    Ok(work())
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+    CPU_WORK_INLINE.store(false, Ordering::Release);
+    done.ok()
 }
 
 #[cfg(test)]
@@ -85,9 +78,8 @@ mod tests {
         CPU_WORK_INLINE.store(true, Ordering::Release);
         assert_ne!(thread_of_work().await, here, "beside other work: the pool");
         CPU_WORK_INLINE.store(false, Ordering::Release);
-        // Work that panics leaves the place free.
-        let panicked = tokio::spawn(run_cpu(|| panic!("a planning bug"))).await;
-        assert!(panicked.unwrap_err().is_panic());
+        // Work that panics is reported as such, and leaves the place free.
+        assert!(run_cpu(|| panic!("a planning bug")).await.is_none());
         assert_eq!(thread_of_work().await, here, "after a panic: inline again");
     }
 }

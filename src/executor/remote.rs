@@ -455,7 +455,9 @@ impl RemoteExecutor {
                 executing();
             }
         };
-        let staged = (self.uploads).stage(&self.client, &spec.input_files, &spec.blobs, call)?;
+        let staged = self
+            .uploads
+            .stage(&self.client, &spec.input_files, &spec.blobs, call)?;
         let _turn = match self.turns.try_acquire() {
             Ok(turn) => turn,
             Err(_) => {
@@ -622,8 +624,7 @@ impl RemoteExecutor {
                 let (path, contents) = (target.to_path_buf(), file.contents.clone());
                 crate::runtime::run_cpu(move || std::fs::write(path, contents))
                     .await
-                    .map_err(std::io::Error::other)
-                    .flatten()
+                    .unwrap_or_else(|| Err(std::io::Error::other("the write panicked")))
                     .map_err(|e| RemoteFailure::Other(format!("{}: {e}", target.display())))?;
             } else {
                 self.client.download_to_file(digest, target, call).await?;

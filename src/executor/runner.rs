@@ -226,7 +226,7 @@ impl Runner {
                 })
                 .ok()
         });
-        planned.await.ok().flatten()
+        planned.await.flatten()
     }
 
     /// Ends the run: lets the cancellations of abandoned remote operations reach the cluster, and

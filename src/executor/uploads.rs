@@ -244,7 +244,9 @@ impl Uploads {
         for digest in digests {
             table.states.insert(digest, State::InFlight(upload.clone()));
         }
-        waits.push(upload);
+        if !waits.iter().any(|w| w.ptr_eq(&upload)) {
+            waits.push(upload);
+        }
         Ok(waits)
     }
 }
