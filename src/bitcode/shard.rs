@@ -255,6 +255,40 @@ fn body(
     Ok(w.into_bytes())
 }
 
+/// MODULE_STRTAB's new body: its abbreviation definitions as they were, then an ENTRY (and its
+/// HASH, if recorded) per module of `renamed`, numbered in that order. Written as it goes, with one
+/// buffer for every record's fields: a shard names a hundred modules or more, each path ~70
+/// characters, one field each.
+fn table_body(
+    source: &BitReader<'_>,
+    table: &Block,
+    renamed: &[(Vec<u8>, &ModuleEntry)],
+) -> Result<Vec<u8>, BitcodeError> {
+    let mut w = BitWriter::with_capacity(table.body.len() + table.body.len() / 4);
+    let mut abbrevs = table.inherited.clone();
+    for item in &table.items {
+        if let BodyItem::Define { bits, abbrev } = item {
+            w.copy(source, bits.clone())?;
+            abbrevs.push(abbrev.clone());
+        }
+    }
+    let mut fields: Vec<u64> = Vec::new();
+    for (new_id, (path, entry)) in renamed.iter().enumerate() {
+        fields.clear();
+        fields.extend([MST_CODE_ENTRY, new_id as u64]);
+        fields.extend(path.iter().map(|&b| u64::from(b)));
+        bitstream::write_record(&mut w, table.width, &abbrevs, &fields, None)?;
+        if let Some(hash) = entry.hash {
+            fields.clear();
+            fields.push(MST_CODE_HASH);
+            fields.extend(hash.map(u64::from));
+            bitstream::write_record(&mut w, table.width, &abbrevs, &fields, None)?;
+        }
+    }
+    bitstream::write_end_block(&mut w, table.width);
+    Ok(w.into_bytes())
+}
+
 /// Adds `delta` to the little-endian 32-bit length field at byte `at`.
 fn add_to_length(out: &mut [u8], at: usize, delta: i64) -> Result<(), BitcodeError> {
     let too_big = || BitcodeError::Unsupported {
@@ -386,25 +420,7 @@ pub(crate) fn canonicalize(
     }
 
     let source = BitReader::new(bytes, shard.stream.clone());
-    let mut emits: Vec<Emit<'_>> = table
-        .items
-        .iter()
-        .filter_map(|item| match item {
-            BodyItem::Define { bits, abbrev } => Some(Emit::Define(bits, abbrev)),
-            BodyItem::Record { .. } => None,
-        })
-        .collect();
-    for (new_id, (path, entry)) in renamed.iter().enumerate() {
-        let mut fields = Vec::with_capacity(2 + path.len());
-        fields.extend([MST_CODE_ENTRY, new_id as u64]);
-        fields.extend(path.iter().map(|&b| u64::from(b)));
-        emits.push(Emit::Record(fields.into()));
-        if let Some(hash) = entry.hash {
-            let [a, b, c, d, e] = hash.map(u64::from);
-            emits.push(Emit::Record(vec![MST_CODE_HASH, a, b, c, d, e].into()));
-        }
-    }
-    let mut bodies = vec![(table, body(&source, table, emits)?)];
+    let mut bodies = vec![(table, table_body(&source, table, &renamed)?)];
     for summary in &shard.summaries {
         let emits = summary::canonical(&summary.items, &module_ids)?;
         bodies.push((summary, body(&source, summary, emits)?));
