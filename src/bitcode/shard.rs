@@ -231,28 +231,56 @@ pub(crate) fn shard_modules(bytes: &[u8]) -> Result<Vec<ModuleEntry>, BitcodeErr
     Ok(scan(bytes, false)?.entries)
 }
 
+/// A block's new body being written: its abbreviation definitions copied from the original
+/// (`source`), its records written with the smallest abbreviation in scope, then END_BLOCK.
+struct BodyWriter<'r, 'a> {
+    source: &'r BitReader<'a>,
+    width: u32,
+    w: BitWriter,
+    abbrevs: Vec<Abbrev>,
+}
+
+impl<'r, 'a> BodyWriter<'r, 'a> {
+    fn new(source: &'r BitReader<'a>, block: &Block) -> Self {
+        BodyWriter {
+            source,
+            width: block.width,
+            // About the size of the body it replaces: the new one differs only in its names.
+            w: BitWriter::with_capacity(block.body.len() + block.body.len() / 4),
+            abbrevs: block.inherited.clone(),
+        }
+    }
+
+    fn define(&mut self, bits: &Range<u64>, abbrev: &Abbrev) -> Result<(), BitcodeError> {
+        self.w.copy(self.source, bits.clone())?;
+        self.abbrevs.push(abbrev.clone());
+        Ok(())
+    }
+
+    fn record(&mut self, fields: &[u64]) -> Result<(), BitcodeError> {
+        bitstream::write_record(&mut self.w, self.width, &self.abbrevs, fields, None)
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        bitstream::write_end_block(&mut self.w, self.width);
+        self.w.into_bytes()
+    }
+}
+
 /// The new body of `block`: `emits`, then END_BLOCK.
 fn body(
     source: &BitReader<'_>,
     block: &Block,
     emits: Vec<Emit<'_>>,
 ) -> Result<Vec<u8>, BitcodeError> {
-    // About the size of the body it replaces: the new one differs only in its names.
-    let mut w = BitWriter::with_capacity(block.body.len() + block.body.len() / 4);
-    let mut abbrevs = block.inherited.clone();
+    let mut out = BodyWriter::new(source, block);
     for emit in emits {
         match emit {
-            Emit::Define(bits, abbrev) => {
-                w.copy(source, bits.clone())?;
-                abbrevs.push(abbrev.clone());
-            }
-            Emit::Record(fields) => {
-                bitstream::write_record(&mut w, block.width, &abbrevs, &fields, None)?
-            }
+            Emit::Define(bits, abbrev) => out.define(bits, abbrev)?,
+            Emit::Record(fields) => out.record(&fields)?,
         }
     }
-    bitstream::write_end_block(&mut w, block.width);
-    Ok(w.into_bytes())
+    Ok(out.finish())
 }
 
 /// MODULE_STRTAB's new body: its abbreviation definitions as they were, then an ENTRY (and its
@@ -264,12 +292,10 @@ fn table_body(
     table: &Block,
     renamed: &[(Vec<u8>, &ModuleEntry)],
 ) -> Result<Vec<u8>, BitcodeError> {
-    let mut w = BitWriter::with_capacity(table.body.len() + table.body.len() / 4);
-    let mut abbrevs = table.inherited.clone();
+    let mut out = BodyWriter::new(source, table);
     for item in &table.items {
         if let BodyItem::Define { bits, abbrev } = item {
-            w.copy(source, bits.clone())?;
-            abbrevs.push(abbrev.clone());
+            out.define(bits, abbrev)?;
         }
     }
     let mut fields: Vec<u64> = Vec::new();
@@ -277,16 +303,15 @@ fn table_body(
         fields.clear();
         fields.extend([MST_CODE_ENTRY, new_id as u64]);
         fields.extend(path.iter().map(|&b| u64::from(b)));
-        bitstream::write_record(&mut w, table.width, &abbrevs, &fields, None)?;
+        out.record(&fields)?;
         if let Some(hash) = entry.hash {
             fields.clear();
             fields.push(MST_CODE_HASH);
             fields.extend(hash.map(u64::from));
-            bitstream::write_record(&mut w, table.width, &abbrevs, &fields, None)?;
+            out.record(&fields)?;
         }
     }
-    bitstream::write_end_block(&mut w, table.width);
-    Ok(w.into_bytes())
+    Ok(out.finish())
 }
 
 /// Adds `delta` to the little-endian 32-bit length field at byte `at`.
