@@ -249,23 +249,7 @@ impl Uploads {
         }
         Ok(waits)
     }
-}
 
-/// How a job's blobs go out.
-#[derive(Clone, Copy)]
-enum Sending {
-    /// Staged, with what other jobs staged, when a job first waits for one of them.
-    Staged,
-    /// In an upload of their own.
-    Alone,
-}
-
-/// The uploads that carry a job's blobs, once staged: see [`Uploads::wait_for`].
-pub struct Staged {
-    waits: Vec<SharedUpload>,
-}
-
-impl Uploads {
     /// An upload of what is staged: when a job first waits for it, it waits for a turn to send,
     /// then takes the staged blobs out of the table (everything staged until then goes with it)
     /// and sends them.
@@ -280,6 +264,20 @@ impl Uploads {
         .boxed()
         .shared()
     }
+}
+
+/// How a job's blobs go out.
+#[derive(Clone, Copy)]
+enum Sending {
+    /// Staged, with what other jobs staged, when a job first waits for one of them.
+    Staged,
+    /// In an upload of their own.
+    Alone,
+}
+
+/// The uploads that carry a job's blobs, once staged: see [`Uploads::wait_for`].
+pub struct Staged {
+    waits: Vec<SharedUpload>,
 }
 
 /// Uploads `sent` and those of `asked` the server lacks, and records the outcome in `table` for
