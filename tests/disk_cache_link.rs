@@ -221,6 +221,9 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     assert_eq!(first.run_program(), expected);
     let stats = first.stats();
     assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
+    let jobs = first.jobs()["jobs"].as_array().expect("jobs").len() as u64;
+    assert_eq!(stats.inputs("shards_rewritten"), jobs, "{stats}");
+    assert_eq!(stats.inputs("shard_rewrites_from_digest_cache"), 0, "{stats}");
     let parts: Vec<String> = std::fs::read_dir(&digest_cache)
         .expect("digest cache")
         .map(|part| {
@@ -259,6 +262,34 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     );
     assert_eq!(stats.inputs("files_hashed"), jobs, "{stats}");
     assert_eq!(stats.inputs("bytes_hashed"), shard_bytes, "{stats}");
+    // Nor are the shards rewritten: the rewrites' digests are remembered too.
+    assert_eq!(stats.inputs("shards_rewritten"), 0, "{stats}");
+    assert_eq!(
+        stats.inputs("shard_rewrites_from_digest_cache"),
+        jobs,
+        "{stats}"
+    );
+
+    // A copy of the build directory elsewhere (new paths and inodes: every object is hashed
+    // again) names the same modules, so it finds the rewrites made here.
+    let copy = project.copy_elsewhere();
+    let elsewhere = copy
+        .link("four/app")
+        .env("XDG_CACHE_HOME", xdg_cache.path())
+        .distributor_arg(format!("--disk-cache={}", disk_cache.path().display()))
+        .stats_json()
+        .run();
+    elsewhere.assert_success();
+    assert_eq!(elsewhere.run_program(), expected);
+    let stats = elsewhere.stats();
+    assert_eq!(stats.ran(), ran_only("disk-cache", jobs as usize), "{stats}");
+    assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
+    assert_eq!(stats.inputs("shards_rewritten"), 0, "{stats}");
+    assert_eq!(
+        stats.inputs("shard_rewrites_from_digest_cache"),
+        jobs,
+        "{stats}"
+    );
 
     // An object rewritten with the same size and its modification time set back is read again
     // (its status-change time moved), and the link uses its new content.

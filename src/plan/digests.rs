@@ -62,6 +62,12 @@ pub struct HashingStats {
     /// Files whose digests the digest cache remembered (not opened), and their bytes.
     pub files_from_digest_cache: u64,
     pub bytes_from_digest_cache: u64,
+    /// Index shards rewritten (canonical layout), and rewrites whose digests the digest cache
+    /// knew (made only if an Action had to be uploaded).
+    #[serde(default)]
+    pub shards_rewritten: u64,
+    #[serde(default)]
+    pub shard_rewrites_from_digest_cache: u64,
 }
 
 impl HashingStats {

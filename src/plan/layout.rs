@@ -149,15 +149,13 @@ pub fn mirror(job_file: &JobFile, job: &Job, cwd: &Path) -> Result<Layout, NotRe
 /// The rewrite's digest is remembered in `memo` (a derived digest of the digest cache), keyed by
 /// everything the rewrite is a function of: the shard's digest, the job's modules (path and
 /// digest, in job order) and [`REWRITE_VERSION`], in the slot of the job's module (see
-/// [`rewrite_slot`]; `cwd` is the directory the job file's paths are relative to). When it is
-/// known, the shard is not even read: its rewrite is made only if the action must be uploaded (a
-/// cache miss), and checked against that digest.
+/// [`rewrite_slot`]). When it is known, the shard is not even read: its rewrite is made only if the
+/// action must be uploaded (a cache miss), and checked against that digest.
 pub fn canonical(
     job_file: &JobFile,
     job: &Job,
     digests: &FileDigests,
     memo: &DigestCache,
-    cwd: &Path,
 ) -> Result<Layout, NotRemotable> {
     let not_hashed = |path: &Path| NotRemotable {
         cause: "planning",
@@ -176,7 +174,7 @@ pub fn canonical(
     let names = content_names(&infos);
     let hashes: Vec<Option<[u32; 5]>> = infos.iter().map(|info| info.module_hash).collect();
     let key = rewrite_key(shard_digest, job, &infos);
-    let slot = rewrite_slot(cwd, job);
+    let slot = rewrite_slot(job, infos[0]);
 
     let mut layout = Layout::new(LayoutKind::Canonical, String::new());
     layout
@@ -274,14 +272,21 @@ fn rewrite_key(shard: &Digest, job: &Job, infos: &[&FileInfo]) -> String {
     hex::encode(hasher.finalize())
 }
 
-/// The digest cache slot of a job's rewritten index shard: its module, by absolute path. An edit
-/// that changes what the shard is rewritten from (an imported module, the shard itself) replaces
-/// the slot's entry at the next relink instead of adding one.
-fn rewrite_slot(cwd: &Path, job: &Job) -> String {
+/// The digest cache slot of a job's rewritten index shard: its module, by the path the job names
+/// it by and its content. An edit that changes what the shard is rewritten from (an imported
+/// module, the shard itself) replaces the slot's entry at the next relink instead of adding one.
+/// The link's directory is not part of it: a build directory made anew (or a second checkout)
+/// whose link names the same modules finds the rewrites already made, as the key matches.
+fn rewrite_slot(job: &Job, module: &FileInfo) -> String {
     use sha2::Digest as _;
     let mut hasher = sha2::Sha256::new();
-    hasher.update(b"rewritten index shard of the module ");
-    hasher.update(cwd.join(job.module()).as_os_str().as_encoded_bytes());
+    let mut field = |bytes: &[u8]| {
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    };
+    field(b"rewritten index shard of the module");
+    field(job.module().as_os_str().as_encoded_bytes());
+    field(module.digest.hash.as_bytes());
     hex::encode(hasher.finalize())
 }
 
@@ -587,7 +592,7 @@ mod tests {
             &crate::cache::DigestCache::open(None),
         )
         .unwrap();
-        let layout = canonical(&file, job, &digests, &DigestCache::open(None), dir).unwrap();
+        let layout = canonical(&file, job, &digests, &DigestCache::open(None)).unwrap();
         (layout, file, digests)
     }
 
@@ -686,8 +691,8 @@ mod tests {
         );
         let memo = DigestCache::open(None);
         let job = &file.jobs[0];
-        let made = canonical(&file, job, &digests, &memo, dir.path()).unwrap();
-        let remembered = canonical(&file, job, &digests, &memo, dir.path()).unwrap();
+        let made = canonical(&file, job, &digests, &memo).unwrap();
+        let remembered = canonical(&file, job, &digests, &memo).unwrap();
         let (made, remembered) = (&made.generated[0], &remembered.generated[0]);
         assert_eq!(made.digest, first.generated[0].digest);
         assert_eq!(remembered.digest, made.digest);
@@ -706,9 +711,9 @@ mod tests {
             .collect();
         let wrong = DigestCache::open(None);
         let other = digest::of_bytes(b"something else");
-        let slot = rewrite_slot(dir.path(), job);
+        let slot = rewrite_slot(job, infos[0]);
         wrong.remember_derived(slot, rewrite_key(shard, job, &infos), other.clone());
-        let layout = canonical(&file, job, &digests, &wrong, dir.path()).unwrap();
+        let layout = canonical(&file, job, &digests, &wrong).unwrap();
         let BlobSource::Deferred(deferred) = &layout.generated[0].source else {
             panic!("not deferred");
         };

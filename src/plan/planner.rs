@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
 
@@ -46,6 +47,9 @@ pub struct Planner {
     /// The digest cache: it also remembers the digests of rewritten index shards
     /// (`layout::canonical`), saved again by [`Planner::save_cache`] once the jobs are planned.
     cache: Arc<DigestCache>,
+    /// Index shards rewritten by this link, and rewrites whose digests the digest cache knew.
+    shards_rewritten: AtomicU64,
+    shard_rewrites_remembered: AtomicU64,
 }
 
 impl Planner {
@@ -151,6 +155,8 @@ impl Planner {
             toolchain_warning,
             toolchain_time,
             cache,
+            shards_rewritten: AtomicU64::new(0),
+            shard_rewrites_remembered: AtomicU64::new(0),
         })
     }
 
@@ -165,9 +171,16 @@ impl Planner {
         &self.options.toolchain
     }
 
-    /// How many input bytes were hashed, and how many the digest cache knew.
+    /// How many input bytes were hashed, and how many the digest cache knew; the same of the
+    /// index shards' rewrites.
     pub fn input_hashing(&self) -> HashingStats {
-        self.digests.stats()
+        HashingStats {
+            shards_rewritten: self.shards_rewritten.load(Ordering::Relaxed),
+            shard_rewrites_from_digest_cache: self
+                .shard_rewrites_remembered
+                .load(Ordering::Relaxed),
+            ..self.digests.stats()
+        }
     }
 
     /// How long identifying the compiler took.
@@ -240,8 +253,19 @@ impl Planner {
         warn_once: WarnOnce<'_>,
     ) -> Result<layout::Layout, NotRemotable> {
         if self.layout == LayoutKind::Canonical {
-            match layout::canonical(job_file, job, &self.digests, &self.cache, &self.cwd) {
-                Ok(layout) => return Ok(layout),
+            match layout::canonical(job_file, job, &self.digests, &self.cache) {
+                Ok(layout) => {
+                    let remembered = layout.generated.iter().any(|generated| {
+                        matches!(generated.source, crate::reapi::BlobSource::Deferred(_))
+                    });
+                    let counter = if remembered {
+                        &self.shard_rewrites_remembered
+                    } else {
+                        &self.shards_rewritten
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return Ok(layout);
+                }
                 Err(e) => warn_once(
                     e.cause,
                     &format!(
