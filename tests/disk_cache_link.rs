@@ -223,7 +223,11 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
     let jobs = first.jobs()["jobs"].as_array().expect("jobs").len() as u64;
     assert_eq!(stats.inputs("shards_rewritten"), jobs, "{stats}");
-    assert_eq!(stats.inputs("shard_rewrites_from_digest_cache"), 0, "{stats}");
+    assert_eq!(
+        stats.inputs("shard_rewrites_from_digest_cache"),
+        0,
+        "{stats}"
+    );
     let parts: Vec<String> = std::fs::read_dir(&digest_cache)
         .expect("digest cache")
         .map(|part| {
@@ -282,7 +286,11 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     elsewhere.assert_success();
     assert_eq!(elsewhere.run_program(), expected);
     let stats = elsewhere.stats();
-    assert_eq!(stats.ran(), ran_only("disk-cache", jobs as usize), "{stats}");
+    assert_eq!(
+        stats.ran(),
+        ran_only("disk-cache", jobs as usize),
+        "{stats}"
+    );
     assert_eq!(stats.inputs("files_from_digest_cache"), 0, "{stats}");
     assert_eq!(stats.inputs("shards_rewritten"), 0, "{stats}");
     assert_eq!(

@@ -343,9 +343,6 @@ fn served(server: Server, path: &std::path::Path) -> serde_json::Value {
 #[test]
 fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
     const MODULES: usize = 60;
-    // Two executions at once, plus the 32 jobs a remote link plans ahead of them
-    // (`UPLOAD_AHEAD`), so that the lookups stop long before the link ends.
-    const IN_FLIGHT: u64 = 2 + 32;
     let (project, expected) = chain_project(MODULES);
     let state = tempfile::tempdir().unwrap();
     let cas_dir = state.path().join("cas");
@@ -366,8 +363,9 @@ fn a_cold_link_stops_looking_up_and_execute_still_finds_cached_results() {
     assert_eq!(linked.run_program(), expected);
     assert_eq!(stats.ran(), ran_only("remote", MODULES + 1), "{stats}");
     let cold = served(server, &cold_stats);
-    let lookups = cold["calls"]["GetActionResult"].as_u64().unwrap();
-    assert!((16..=16 + IN_FLIGHT).contains(&lookups), "{cold}");
+    // 16 lookups, although 34 jobs start at once (two executions, and the 32 jobs a remote
+    // link plans ahead of them): the others wait for their answers, all misses.
+    assert_eq!(cold["calls"]["GetActionResult"], 16, "{cold}");
     let uploads = cold["calls"]["BatchUpdateBlobs"].as_u64().unwrap();
     assert!((1..=MODULES as u64 / 4).contains(&uploads), "{cold}");
 

@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 use super::context::RunContext;
 use super::health::Health;
 use super::local_runner::{LocalRunner, local_action_result};
+use super::lookups::Lookups;
 use super::outcome::{self, Outcome};
 use super::uploads::Uploads;
 use crate::advice;
@@ -56,8 +57,8 @@ pub struct RemoteExecutor {
     toolchain_blobs: AtomicU64,
     /// Set when the cluster was found to lack toolchain files this link then began to upload.
     toolchain_missing: AtomicBool,
-    /// Action-cache misses since the last hit (remote strategy): see [`COLD_LINK_MISSES`].
-    misses_in_a_row: AtomicU32,
+    /// Whether jobs of the remote strategy look up before they execute (see `lookups`).
+    lookups: Lookups,
     /// Turns to execute: `--remote-jobs` of them. The link runs [`UPLOAD_AHEAD`] jobs more, which
     /// plan and stage their uploads while they wait for a turn.
     turns: Semaphore,
@@ -68,13 +69,6 @@ pub struct RemoteExecutor {
 /// (one job starts as another ends) sends the blobs of this many jobs in one upload, not one
 /// upload per job.
 pub const UPLOAD_AHEAD: usize = 32;
-
-/// After this many action-cache misses in a row, jobs of the remote strategy skip GetActionResult:
-/// Execute looks the Action up in the action cache itself (REAPI's `skip_cache_lookup` is false),
-/// so a cold link saves a call per job and still gets every hit, only after uploading the few
-/// kilobytes made for the job (the inputs are needed for the key anyway). A hit Execute reports
-/// turns the lookups back on. Racing always looks up first: a hit must never start a local compile.
-const COLD_LINK_MISSES: u32 = 16;
 
 /// What the link uploaded of the toolchain.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -159,7 +153,7 @@ impl RemoteExecutor {
             toolchain_bytes: AtomicU64::new(0),
             toolchain_blobs: AtomicU64::new(0),
             toolchain_missing: AtomicBool::new(false),
-            misses_in_a_row: AtomicU32::new(0),
+            lookups: Lookups::default(),
             turns: Semaphore::new(settings.remote_jobs.max(1)),
         })
     }
@@ -403,17 +397,17 @@ impl RemoteExecutor {
         spec: &ActionSpec,
         call: &CallContext,
     ) -> Result<(Ran, ActionResult, Option<ServerTimes>), RemoteFailure> {
-        if self.misses_in_a_row.load(Ordering::Relaxed) < COLD_LINK_MISSES {
+        if let Some(asking) = self.lookups.start().await {
             if let Some(result) = self.lookup(job, spec, call).await? {
-                self.misses_in_a_row.store(0, Ordering::Relaxed);
+                asking.hit();
                 let times = result.execution_metadata.as_ref().map(ServerTimes::of);
                 return Ok((Ran::ActionCache, result, times));
             }
-            self.misses_in_a_row.fetch_add(1, Ordering::Relaxed);
+            asking.missed();
         }
         let executed = self.execute(job, spec, call, || {}).await;
         if let Ok((Ran::ActionCache, ..)) = executed {
-            self.misses_in_a_row.store(0, Ordering::Relaxed);
+            self.lookups.execute_hit();
         }
         executed
     }
