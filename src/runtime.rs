@@ -1,7 +1,7 @@
 //! The async runtime the commands that do I/O run on (a link, `check`), started in one place so
 //! that a failure to start it reads the same everywhere.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Threads of the blocking pool per core: enough to overlap file I/O with hashing and compression.
 const BLOCKING_THREADS_PER_CORE: usize = 4;
@@ -10,7 +10,7 @@ const BLOCKING_THREADS_PER_CORE: usize = 4;
 pub fn runtime() -> Option<tokio::runtime::Runtime> {
     let cores = crate::settings::available_cores();
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cores)
+        .worker_threads(async_threads(cores))
         // The blocking pool runs short file and compression work, never a wait; tokio's default
         // of up to 512 threads made a new thread, with its own malloc arena, for nearly every
         // job of a link whose jobs upload at once — CPU and memory taken from the compiles.
@@ -19,6 +19,18 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
         .build()
         .map_err(|e| eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}"))
         .ok()
+}
+
+/// The runtime's async threads for `cores` cores: half of them, rounded up.
+///
+/// They carry the calls (HTTP/2, protobuf) and the jobs' bookkeeping; the CPU work of many jobs
+/// at once (planning, hashing, writing objects) goes to the blocking pool ([`run_cpu`],
+/// [`run_sized`]), and the cores are shared with lld, the local compiles and often the server.
+/// On 2 cores, one async thread instead of two took 0.91× the CPU per job of a cold 1000-job
+/// link (fewer wake-ups and steals between the threads), and an all-hit relink from a fresh
+/// directory took the same wall time (bench/README.md).
+fn async_threads(cores: usize) -> usize {
+    cores.div_ceil(2)
 }
 
 /// Work on at most this many bytes runs on the async thread that has it (see [`run_sized`]).
@@ -41,23 +53,44 @@ pub async fn run_sized<T: Send + 'static>(
     }
 }
 
-/// Whether an async thread is running work of [`run_cpu`] now.
-static CPU_WORK_INLINE: AtomicBool = AtomicBool::new(false);
+/// Work of [`run_cpu`] running now, inline or on the blocking pool.
+static CPU_WORK: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one piece of [`run_cpu`] work until dropped (also when the work panics).
+struct CpuWork;
+
+impl CpuWork {
+    /// Counts it; true if no other work was running.
+    fn start() -> (CpuWork, bool) {
+        (CpuWork, CPU_WORK.fetch_add(1, Ordering::AcqRel) == 0)
+    }
+}
+
+impl Drop for CpuWork {
+    fn drop(&mut self) {
+        CPU_WORK.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Runs CPU-bound `work` of one job (planning it, writing its object): on the calling async thread
-/// when no other such work runs on one, on the blocking pool otherwise. None if `work` panicked
-/// (as a task on the blocking pool would report it).
+/// when no other such work is running, on the blocking pool otherwise. None if `work` panicked (as
+/// a task on the blocking pool would report it).
 ///
 /// A trip to the blocking pool and back is two thread wake-ups; in a cold remote link, where a job
 /// is planned only as another ends, they were about a tenth of a job's CPU. When such work piles up
-/// (an all-hit relink plans hundreds of jobs at once), the pool spreads it over every core, and at
-/// most one async thread is busy with it, so that the calls' I/O goes on.
+/// (an all-hit relink plans hundreds of jobs at once), all of it goes to the pool, which spreads
+/// it over every core, and the async threads are left to the calls' I/O.
 pub async fn run_cpu<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    if CPU_WORK_INLINE.swap(true, Ordering::Acquire) {
+    let (counted, alone) = CpuWork::start();
+    if !alone {
+        let work = move || {
+            let _counted = counted;
+            work()
+        };
         return tokio::task::spawn_blocking(work).await.ok();
     }
     let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-    CPU_WORK_INLINE.store(false, Ordering::Release);
+    drop(counted);
     done.ok()
 }
 
@@ -74,10 +107,10 @@ mod tests {
     async fn cpu_work_runs_inline_unless_other_work_does() {
         let here = std::thread::current().id();
         assert_eq!(thread_of_work().await, here, "alone: inline");
-        // Work of another job runs inline: this one goes to the blocking pool.
-        CPU_WORK_INLINE.store(true, Ordering::Release);
+        // Work of another job is running: this one goes to the blocking pool.
+        let other = CpuWork::start();
         assert_ne!(thread_of_work().await, here, "beside other work: the pool");
-        CPU_WORK_INLINE.store(false, Ordering::Release);
+        drop(other);
         // Work that panics is reported as such, and leaves the place free.
         assert!(run_cpu(|| panic!("a planning bug")).await.is_none());
         assert_eq!(thread_of_work().await, here, "after a panic: inline again");
