@@ -200,16 +200,17 @@ impl RemoteExecutor {
             action_id: spec.action_digest.hash.clone(),
             target_id: job.module().to_string_lossy().into_owned(),
         };
+        // The cache-only and racing futures are boxed: each is more than twice the size of the
+        // remote one, and a job's task is as big as the biggest, copied and zeroed per job.
         match (self.mode, self.strategy) {
             (Mode::CacheOnly, _) => {
-                self.run_cache_only(ctx, job, spec, &call, local, started)
-                    .await
+                Box::pin(self.run_cache_only(ctx, job, spec, &call, local, started)).await
             }
             // A local compile races only when it is the Action's computation: with another
             // compiler uploaded (`--upload-compiler`), a local winner's object would not be what
             // the Action's key describes.
             (_, Strategy::Racing) if spec.local_is_action => {
-                self.run_racing(ctx, job, spec, &call, local, started).await
+                Box::pin(self.run_racing(ctx, job, spec, &call, local, started)).await
             }
             _ => self.run_remote(ctx, job, spec, &call, local, started).await,
         }
