@@ -10,7 +10,7 @@ const BLOCKING_THREADS_PER_CORE: usize = 4;
 pub fn runtime() -> Option<tokio::runtime::Runtime> {
     let cores = crate::settings::available_cores();
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(async_threads(cores))
+        .worker_threads(cores)
         // The blocking pool runs short file and compression work, never a wait; tokio's default
         // of up to 512 threads made a new thread, with its own malloc arena, for nearly every
         // job of a link whose jobs upload at once — CPU and memory taken from the compiles.
@@ -19,18 +19,6 @@ pub fn runtime() -> Option<tokio::runtime::Runtime> {
         .build()
         .map_err(|e| eprintln!("dtlto-reapi: error: cannot start the async runtime: {e}"))
         .ok()
-}
-
-/// The runtime's async threads for `cores` cores: half of them, rounded up.
-///
-/// They carry the calls (HTTP/2, protobuf) and the jobs' bookkeeping; the CPU work of many jobs
-/// at once (planning, hashing, writing objects) goes to the blocking pool ([`run_cpu`],
-/// [`run_sized`]), and the cores are shared with lld, the local compiles and often the server.
-/// On 2 cores, one async thread instead of two took 0.91× the CPU per job of a cold 1000-job
-/// link (fewer wake-ups and steals between the threads), and an all-hit relink from a fresh
-/// directory took the same wall time (bench/README.md).
-fn async_threads(cores: usize) -> usize {
-    cores.div_ceil(2)
 }
 
 /// Work on at most this many bytes runs on the async thread that has it (see [`run_sized`]).
