@@ -884,6 +884,9 @@ pub(crate) enum Emit<'a> {
     /// A record (its code, then its operands), with the smallest abbreviation in scope that fits it;
     /// borrowed when it is the original's.
     Record(Cow<'a, [u64]>),
+    /// A record as `Record`, whose fields are this range of the buffer the emits come with (one
+    /// buffer for every rewritten record, not an allocation each).
+    Buffered(Range<usize>),
 }
 
 #[cfg(test)]

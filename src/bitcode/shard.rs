@@ -267,17 +267,19 @@ impl<'r, 'a> BodyWriter<'r, 'a> {
     }
 }
 
-/// The new body of `block`: `emits`, then END_BLOCK.
+/// The new body of `block`: `emits` (whose buffered records are in `buffer`), then END_BLOCK.
 fn body(
     source: &BitReader<'_>,
     block: &Block,
     emits: Vec<Emit<'_>>,
+    buffer: &[u64],
 ) -> Result<Vec<u8>, BitcodeError> {
     let mut out = BodyWriter::new(source, block);
     for emit in emits {
         match emit {
             Emit::Define(bits, abbrev) => out.define(bits, abbrev)?,
             Emit::Record(fields) => out.record(&fields)?,
+            Emit::Buffered(range) => out.record(&buffer[range])?,
         }
     }
     Ok(out.finish())
@@ -447,8 +449,8 @@ pub(crate) fn canonicalize(
     let source = BitReader::new(bytes, shard.stream.clone());
     let mut bodies = vec![(table, table_body(&source, table, &renamed)?)];
     for summary in &shard.summaries {
-        let emits = summary::canonical(&summary.items, &module_ids)?;
-        bodies.push((summary, body(&source, summary, emits)?));
+        let (emits, buffer) = summary::canonical(&summary.items, &module_ids)?;
+        bodies.push((summary, body(&source, summary, emits, &buffer)?));
     }
     splice(bytes, shard.wrapped, bodies)
 }

@@ -181,8 +181,20 @@ impl Remap<'_> {
         Ok(())
     }
 
-    /// The record with its IDs rewritten; `fields[0]` is the code, so operand `i` is `fields[i + 1]`.
-    fn record(&self, mut fields: Vec<u64>) -> Result<Vec<u64>, BitcodeError> {
+    /// The record `fields` appended to `buffer` with its IDs rewritten: where it is there.
+    fn buffered(
+        &self,
+        fields: &[u64],
+        buffer: &mut Vec<u64>,
+    ) -> Result<Range<usize>, BitcodeError> {
+        let start = buffer.len();
+        buffer.extend_from_slice(fields);
+        self.record(&mut buffer[start..])?;
+        Ok(start..buffer.len())
+    }
+
+    /// Rewrites the IDs of a record; `fields[0]` is the code, so operand `i` is `fields[i + 1]`.
+    fn record(&self, fields: &mut [u64]) -> Result<(), BitcodeError> {
         let ops = fields.len().saturating_sub(1);
         let code = fields.first().copied().unwrap_or_default();
         match code {
@@ -203,10 +215,10 @@ impl Remap<'_> {
                 if !(ops - calls_at).is_multiple_of(step) {
                     return Err(malformed(self.at, "function summary with half a call edge"));
                 }
-                self.module(&mut fields, 2)?;
-                self.values(&mut fields, std::iter::once(1))?;
+                self.module(fields, 2)?;
+                self.values(fields, std::iter::once(1))?;
                 self.values(
-                    &mut fields,
+                    fields,
                     (FUNCTION_FIXED + 1..calls_at + 1).chain((calls_at + 1..=ops).step_by(step)),
                 )?;
             }
@@ -214,27 +226,24 @@ impl Remap<'_> {
                 if ops < VARIABLE_FIXED {
                     return Err(malformed(self.at, "variable summary too short"));
                 }
-                self.module(&mut fields, 2)?;
-                self.values(
-                    &mut fields,
-                    std::iter::once(1).chain(VARIABLE_FIXED + 1..=ops),
-                )?;
+                self.module(fields, 2)?;
+                self.values(fields, std::iter::once(1).chain(VARIABLE_FIXED + 1..=ops))?;
             }
             FS_COMBINED_ALIAS => {
                 if ops != 4 {
                     return Err(malformed(self.at, "alias summary not of four operands"));
                 }
-                self.module(&mut fields, 2)?;
-                self.value(&mut fields, 1)?;
+                self.module(fields, 2)?;
+                self.value(fields, 1)?;
                 // 0: the aliasee's summary is not in the index.
                 if fields[4] != 0 {
-                    self.value(&mut fields, 4)?;
+                    self.value(fields, 4)?;
                 }
             }
-            FS_PARAM_ACCESS => self.param_access(&mut fields)?,
+            FS_PARAM_ACCESS => self.param_access(fields)?,
             _ => {}
         }
-        Ok(fields)
+        Ok(())
     }
 
     /// `n x (paramno, lower, upper, numcalls, numcalls x (paramno, callee, lower, upper))`.
@@ -278,11 +287,12 @@ fn before_or_after<'v, T>(
 }
 
 /// The summary block's body, as abbreviation definitions and records, with module IDs mapped by
-/// `modules` (old → new) and the values and summaries renumbered and ordered as the module doc says.
+/// `modules` (old → new) and the values and summaries renumbered and ordered as the module doc says;
+/// and the buffer that holds the fields of the rewritten records ([`Emit::Buffered`]).
 pub(crate) fn canonical<'a>(
     items: &'a [BodyItem],
     modules: &HashMap<u64, u64>,
-) -> Result<Vec<Emit<'a>>, BitcodeError> {
+) -> Result<(Vec<Emit<'a>>, Vec<u64>), BitcodeError> {
     let version = match items
         .iter()
         .find(|item| matches!(item, BodyItem::Record { .. }))
@@ -303,6 +313,7 @@ pub(crate) fn canonical<'a>(
     let mut grouped: Vec<Emit<'a>> = Vec::with_capacity(items.len());
     let mut tail: Vec<Emit<'a>> = Vec::new();
     let mut pending: Vec<Emit<'a>> = Vec::new();
+    let mut buffer: Vec<u64> = Vec::new();
     let mut table_written = false;
     // Whether the last record was a summary, which an ORIGINAL_NAME may follow.
     let mut after_summary = false;
@@ -357,16 +368,17 @@ pub(crate) fn canonical<'a>(
             }
             Role::Attached | Role::Summary(_) if !tail.is_empty() => return Err(misplaced()),
             Role::Attached => {
-                pending.push(Emit::Record(remap.record(record.fields.clone())?.into()))
+                let fields = remap.buffered(&record.fields, &mut buffer)?;
+                pending.push(Emit::Buffered(fields));
             }
             Role::Summary(alias) => {
-                let fields = remap.record(record.fields.clone())?;
+                let fields = remap.buffered(&record.fields, &mut buffer)?;
                 let old_value = record.operands().first().copied().unwrap_or_default();
                 let guid = values.guid.get(&old_value).copied().unwrap_or_default();
-                let module = fields.get(2).copied().unwrap_or_default();
+                let module = buffer[fields.clone()].get(2).copied().unwrap_or_default();
                 let start = grouped.len();
                 grouped.append(&mut pending);
-                grouped.push(Emit::Record(fields.into()));
+                grouped.push(Emit::Buffered(fields));
                 groups.push(Group {
                     key: (alias, module, guid),
                     emits: start..grouped.len(),
@@ -401,5 +413,5 @@ pub(crate) fn canonical<'a>(
         head.extend(taken.map(|emit| std::mem::replace(emit, Emit::Record(Cow::Borrowed(&[])))));
     }
     head.extend(tail);
-    Ok(head)
+    Ok((head, buffer))
 }
