@@ -169,6 +169,21 @@ fn symlinks_planted_in_the_cache_are_never_followed() {
     assert_eq!(ran, ran_only("disk-cache", 4));
 }
 
+/// A link of `project` to `output` with the digest cache under `xdg_cache` and the disk cache in
+/// `disk_cache`, writing `--stats-json`.
+fn caching_link<'a>(
+    project: &'a Project,
+    output: &str,
+    xdg_cache: &Path,
+    disk_cache: &Path,
+) -> common::Link<'a> {
+    project
+        .link(output)
+        .env("XDG_CACHE_HOME", xdg_cache)
+        .distributor_arg(format!("--disk-cache={}", disk_cache.display()))
+        .stats_json()
+}
+
 /// The sizes of `files` (relative to `project`'s directory), summed.
 fn total_size<'a>(project: &Project, files: impl IntoIterator<Item = &'a Path>) -> u64 {
     files
@@ -188,11 +203,7 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     let xdg_cache = tempfile::tempdir().expect("tempdir");
     let disk_cache = tempfile::tempdir().expect("tempdir");
     let relink = |output: &str| {
-        let linked = project
-            .link(output)
-            .env("XDG_CACHE_HOME", xdg_cache.path())
-            .distributor_arg(format!("--disk-cache={}", disk_cache.path().display()))
-            .stats_json()
+        let linked = caching_link(&project, output, xdg_cache.path(), disk_cache.path())
             .save_temps()
             .run();
         linked.assert_success();
@@ -277,12 +288,7 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     // A copy of the build directory elsewhere (new paths and inodes: every object is hashed
     // again) names the same modules, so it finds the rewrites made here.
     let copy = project.copy_elsewhere();
-    let elsewhere = copy
-        .link("four/app")
-        .env("XDG_CACHE_HOME", xdg_cache.path())
-        .distributor_arg(format!("--disk-cache={}", disk_cache.path().display()))
-        .stats_json()
-        .run();
+    let elsewhere = caching_link(&copy, "four/app", xdg_cache.path(), disk_cache.path()).run();
     elsewhere.assert_success();
     assert_eq!(elsewhere.run_program(), expected);
     let stats = elsewhere.stats();
@@ -366,12 +372,7 @@ fn a_digest_cache_others_could_write_is_not_used() {
     }
     std::thread::sleep(std::time::Duration::from_millis(2100));
     for output in ["one/app", "two/app"] {
-        let linked = project
-            .link(output)
-            .env("XDG_CACHE_HOME", xdg_cache.path())
-            .distributor_arg(format!("--disk-cache={}", disk_cache.path().display()))
-            .stats_json()
-            .run();
+        let linked = caching_link(&project, output, xdg_cache.path(), disk_cache.path()).run();
         linked.assert_success();
         assert_eq!(linked.run_program(), expected);
         linked.assert_stderr_contains("is writable by group or others");

@@ -123,13 +123,20 @@ impl Drop for Lookup<'_> {
 mod tests {
     use super::*;
 
+    /// As many lookups as may be asked before an answer; each test answers them its own way.
+    async fn all_that_may_be_asked(lookups: &Lookups) -> Vec<Lookup<'_>> {
+        let asked = futures::future::join_all((0..COLD_LINK_MISSES).map(|_| lookups.start()));
+        asked
+            .await
+            .into_iter()
+            .map(|l| l.expect("a lookup"))
+            .collect()
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_cold_link_asks_sixteen_lookups_and_then_none() {
         let lookups = Lookups::default();
-        let mut asked = Vec::new();
-        for _ in 0..COLD_LINK_MISSES {
-            asked.push(lookups.start().await.expect("a lookup"));
-        }
+        let mut asked = all_that_may_be_asked(&lookups).await;
         // The seventeenth waits for an answer.
         let next = lookups.start();
         tokio::pin!(next);
@@ -150,10 +157,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_hit_lets_every_job_look_up() {
         let lookups = Lookups::default();
-        let mut asked = Vec::new();
-        for _ in 0..COLD_LINK_MISSES {
-            asked.push(lookups.start().await.expect("a lookup"));
-        }
+        let mut asked = all_that_may_be_asked(&lookups).await;
         let waiting = lookups.start();
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
@@ -168,8 +172,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_failed_or_cancelled_lookup_frees_its_place() {
         let lookups = Lookups::default();
-        let asked: Vec<_> =
-            futures::future::join_all((0..COLD_LINK_MISSES).map(|_| lookups.start())).await;
+        let asked = all_that_may_be_asked(&lookups).await;
         let waiting = lookups.start();
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
