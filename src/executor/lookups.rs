@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use crate::trace;
 
 /// After this many action-cache misses in a row, jobs of the remote strategy skip GetActionResult.
-pub const COLD_LINK_MISSES: u32 = 16;
+const COLD_LINK_MISSES: u32 = 16;
 
 #[derive(Debug, Default)]
 struct State {
@@ -42,6 +42,16 @@ impl State {
             return Some(true);
         }
         None
+    }
+
+    fn hit(&mut self) {
+        self.misses_in_a_row = 0;
+        self.hitting = true;
+    }
+
+    fn missed(&mut self) {
+        self.misses_in_a_row += 1;
+        self.hitting = false;
     }
 }
 
@@ -81,10 +91,7 @@ impl Lookups {
 
     /// Execute found the Action in the action cache: lookups are worth asking again.
     pub fn execute_hit(&self) {
-        self.update(|state| {
-            state.misses_in_a_row = 0;
-            state.hitting = true;
-        });
+        self.update(State::hit);
         self.answered.notify_waiters();
     }
 
@@ -97,18 +104,12 @@ impl Lookups {
 impl Lookup<'_> {
     /// The lookup found the result.
     pub fn hit(self) {
-        self.lookups.update(|state| {
-            state.misses_in_a_row = 0;
-            state.hitting = true;
-        });
+        self.lookups.update(State::hit);
     }
 
     /// The lookup found nothing usable.
     pub fn missed(self) {
-        self.lookups.update(|state| {
-            state.misses_in_a_row += 1;
-            state.hitting = false;
-        });
+        self.lookups.update(State::missed);
     }
 }
 
