@@ -93,6 +93,7 @@ impl<'a> BitReader<'a> {
     }
 
     /// A fixed-width field; `width` is at most 64.
+    #[inline]
     pub(crate) fn read(&mut self, width: u32) -> Result<u64, BitcodeError> {
         self.need(u64::from(width))?;
         let first = (self.pos / 8) as usize;
@@ -125,12 +126,29 @@ impl<'a> BitReader<'a> {
         Ok(value)
     }
 
+    /// A fixed-width field the caller made sure is there ([`BitReader::need`]); past the end it
+    /// would read as zero.
+    fn read_present(&mut self, width: u32) -> u64 {
+        self.read(width).unwrap_or_default()
+    }
+
     /// A variable-width field in chunks of `width` bits (2 to 64), the top bit of each meaning "more follows".
+    #[inline]
     pub(crate) fn read_vbr(&mut self, width: u32) -> Result<u64, BitcodeError> {
+        // Most values of a shard fit one chunk.
         let at = self.pos;
+        let first = self.read(width)?;
         let more = 1u64 << (width - 1);
-        let mut value = 0u64;
-        let mut shift = 0u32;
+        if first & more == 0 {
+            return Ok(first);
+        }
+        self.read_vbr_rest(at, first & (more - 1), width)
+    }
+
+    /// The rest of a VBR at bit `at` whose first chunk held `value` and said more follows.
+    fn read_vbr_rest(&mut self, at: u64, mut value: u64, width: u32) -> Result<u64, BitcodeError> {
+        let more = 1u64 << (width - 1);
+        let mut shift = width - 1;
         loop {
             let chunk = self.read(width)?;
             let bits = chunk & (more - 1);
@@ -372,6 +390,7 @@ fn read_abbrev(r: &mut BitReader<'_>) -> Result<Abbrev, BitcodeError> {
     Ok(ops.into())
 }
 
+#[inline]
 fn read_scalar(r: &mut BitReader<'_>, op: Op) -> Result<u64, BitcodeError> {
     match op {
         Op::Literal(value) => Ok(value),
@@ -392,75 +411,88 @@ fn min_bits(op: Op) -> u64 {
     }
 }
 
-/// A record: its code and operands, and its blob if its abbreviation has one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Record {
+/// The record a [`Cursor`] has just read: its code and operands, and its blob if its abbreviation
+/// has one. Borrowed: the cursor reads every record into the same buffer, as a shard rewrite reads
+/// some five hundred records per shard.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Record<'r> {
     /// The record code, then the operands.
-    pub(crate) fields: Vec<u64>,
-    pub(crate) blob: Option<Vec<u8>>,
+    pub(crate) fields: &'r [u64],
+    pub(crate) blob: Option<&'r [u8]>,
 }
 
-impl Record {
+impl<'r> Record<'r> {
     pub(crate) fn code(&self) -> u64 {
-        self.fields.first().copied().unwrap_or_default()
+        record_code(self.fields)
     }
 
-    pub(crate) fn operands(&self) -> &[u64] {
+    pub(crate) fn operands(&self) -> &'r [u64] {
         self.fields.get(1..).unwrap_or_default()
     }
 }
 
-fn read_unabbreviated(r: &mut BitReader<'_>) -> Result<Record, BitcodeError> {
+/// The code of a record's `fields` (its first).
+pub(crate) fn record_code(fields: &[u64]) -> u64 {
+    fields.first().copied().unwrap_or_default()
+}
+
+/// Reads an unabbreviated record's fields into `fields` (emptied first).
+fn read_unabbreviated(r: &mut BitReader<'_>, fields: &mut Vec<u64>) -> Result<(), BitcodeError> {
+    fields.clear();
     let code = r.read_vbr(6)?;
     let count = r.read_vbr(6)?;
     r.need(count.saturating_mul(6))?;
-    let mut fields = Vec::with_capacity(count as usize + 1);
+    fields.reserve(count as usize + 1);
     fields.push(code);
     for _ in 0..count {
         fields.push(r.read_vbr(6)?);
     }
-    Ok(Record { fields, blob: None })
+    Ok(())
 }
 
-fn read_abbreviated(r: &mut BitReader<'_>, abbrev: &[Op]) -> Result<Record, BitcodeError> {
+/// Reads a record with abbreviation `abbrev` into `fields` (emptied first); returns its blob.
+fn read_abbreviated<'a>(
+    r: &mut BitReader<'a>,
+    abbrev: &[Op],
+    fields: &mut Vec<u64>,
+) -> Result<Option<&'a [u8]>, BitcodeError> {
+    fields.clear();
     let (scalars, tail) = split_tail(abbrev);
-    // An array's count follows the scalars: with a few of them read aside first, the fields are
-    // allocated once, at their final size, instead of growing when the count is known.
-    let mut head = [0u64; 16];
-    let aside = scalars.len() <= head.len() && matches!(tail, [Op::Array, _]);
-    let mut fields = Vec::new();
-    if aside {
-        for (value, &op) in head.iter_mut().zip(scalars) {
-            *value = read_scalar(r, op)?;
-        }
-    } else {
-        fields.reserve_exact(scalars.len());
-        for &op in scalars {
-            fields.push(read_scalar(r, op)?);
-        }
+    for &op in scalars {
+        fields.push(read_scalar(r, op)?);
     }
-    let mut blob = None;
     match *tail {
         [Op::Array, element] => {
             let count = r.read_vbr(6)?;
             r.need(count.saturating_mul(min_bits(element)))?;
-            fields.reserve_exact(scalars.len() + count as usize - fields.len());
-            if aside {
-                fields.extend_from_slice(&head[..scalars.len()]);
-            }
-            for _ in 0..count {
-                fields.push(read_scalar(r, element)?);
+            fields.reserve(count as usize);
+            // Fixed-width elements (a module path's characters) are all there once `need` said so.
+            match element {
+                Op::Fixed(width) => {
+                    fields.extend((0..count).map(|_| r.read_present(width)));
+                }
+                Op::Char6 => {
+                    fields.extend(
+                        (0..count).map(|_| u64::from(CHAR6[r.read_present(6) as usize & 63])),
+                    );
+                }
+                _ => {
+                    for _ in 0..count {
+                        fields.push(read_scalar(r, element)?);
+                    }
+                }
             }
         }
         [Op::Blob] => {
             let len = r.read_vbr(6)?;
             r.align32()?;
-            blob = Some(r.read_bytes(len)?.to_vec());
+            let blob = r.read_bytes(len)?;
             r.align32()?;
+            return Ok(Some(blob));
         }
         _ => {}
     }
-    Ok(Record { fields, blob })
+    Ok(None)
 }
 
 fn write_scalar(w: &mut BitWriter, op: Op, value: u64) {
@@ -584,23 +616,87 @@ fn write_abbreviated(
     }
 }
 
-/// Writes a record in a block whose abbreviation IDs are `width` bits wide and whose abbreviations are
-/// `abbrevs` (in ID order): with the one that fits it in the fewest bits, as LLVM's writers choose (e.g.
-/// char6 over 7-bit over 8-bit characters), unabbreviated if none fits. Only a blob needs an abbreviation.
+/// Record codes below this get their own list of abbreviations to try (LLVM's summary and module
+/// table codes are all below it).
+const INDEXED_CODES: usize = 64;
+
+/// The abbreviations in scope of a block being written, with the ones worth trying for each record
+/// code: a summary block has dozens in scope and nearly all of them begin with a literal code, so
+/// trying every one for every record was a fifth of a shard rewrite.
+pub(crate) struct InScope {
+    /// Abbreviation ID width of the block.
+    width: u32,
+    /// In ID order, the first having ID [`FIRST_DEFINED_ABBREV`].
+    abbrevs: Vec<Abbrev>,
+    /// For each code below [`INDEXED_CODES`], the positions in `abbrevs` of those that begin with that
+    /// literal code or with no literal, in ID order; IDs too wide for the block are left out.
+    by_code: Vec<Vec<usize>>,
+    /// Likewise for every other code: all usable ones that do not begin with a literal below
+    /// [`INDEXED_CODES`].
+    others: Vec<usize>,
+}
+
+impl InScope {
+    /// A block with `width`-bit abbreviation IDs and the abbreviations `inherited` (BLOCKINFO's).
+    pub(crate) fn new(width: u32, inherited: &[Abbrev]) -> InScope {
+        let mut in_scope = InScope {
+            width,
+            abbrevs: Vec::with_capacity(inherited.len()),
+            by_code: vec![Vec::new(); INDEXED_CODES],
+            others: Vec::new(),
+        };
+        for abbrev in inherited {
+            in_scope.push(abbrev.clone());
+        }
+        in_scope
+    }
+
+    /// Defines the next abbreviation.
+    pub(crate) fn push(&mut self, abbrev: Abbrev) {
+        let at = self.abbrevs.len();
+        let usable = (FIRST_DEFINED_ABBREV + at as u64) >> self.width == 0;
+        if usable {
+            match abbrev.first() {
+                Some(&Op::Literal(code)) if code < INDEXED_CODES as u64 => {
+                    self.by_code[code as usize].push(at)
+                }
+                Some(Op::Literal(_)) => self.others.push(at),
+                _ => {
+                    self.by_code.iter_mut().for_each(|list| list.push(at));
+                    self.others.push(at);
+                }
+            }
+        }
+        self.abbrevs.push(abbrev);
+    }
+
+    /// The abbreviations that may fit a record of `code`, with their IDs, in ID order.
+    fn candidates(&self, code: Option<u64>) -> impl Iterator<Item = (u64, &Abbrev)> {
+        let list = match code {
+            Some(code) if code < INDEXED_CODES as u64 => &self.by_code[code as usize],
+            _ => &self.others,
+        };
+        list.iter()
+            .map(|&at| (FIRST_DEFINED_ABBREV + at as u64, &self.abbrevs[at]))
+    }
+}
+
+/// Writes a record in a block whose abbreviations are `in_scope`: with the one that fits it in the
+/// fewest bits, as LLVM's writers choose (e.g. char6 over 7-bit over 8-bit characters),
+/// unabbreviated if none fits. Only a blob needs an abbreviation.
 pub(crate) fn write_record(
     w: &mut BitWriter,
-    width: u32,
-    abbrevs: &[Abbrev],
+    in_scope: &InScope,
     fields: &[u64],
     blob: Option<&[u8]>,
 ) -> Result<(), BitcodeError> {
+    let width = in_scope.width;
     let mut best: Option<(u64, &Abbrev, u64)> = None;
-    for (id, ops) in (FIRST_DEFINED_ABBREV..).zip(abbrevs) {
-        // Most abbreviations begin with a literal record code: a cheap first test of the dozens
-        // in scope of a summary block.
+    for (id, ops) in in_scope.candidates(fields.first().copied()) {
+        // Codes past the indexed ones are still tried against every literal.
         let other_code =
             matches!(ops.first(), Some(Op::Literal(code)) if fields.first() != Some(code));
-        if id >> width != 0 || other_code {
+        if other_code {
             continue;
         }
         let Some(bits) = abbreviated_size(width, ops, fields, blob) else {
@@ -658,7 +754,8 @@ pub(crate) enum Item {
     End,
     /// An abbreviation was defined for the current block (or, in BLOCKINFO, for another one).
     DefineAbbrev(Abbrev),
-    Record(Record),
+    /// A record of the current block, read by [`Cursor::record`].
+    Record,
 }
 
 struct Scope {
@@ -678,6 +775,9 @@ pub(crate) struct Cursor<'a> {
     /// The block ID the current BLOCKINFO block is defining abbreviations for.
     setbid: Option<u64>,
     pending: Option<BlockHeader>,
+    /// The last record read.
+    fields: Vec<u64>,
+    blob: Option<&'a [u8]>,
 }
 
 impl<'a> Cursor<'a> {
@@ -689,6 +789,16 @@ impl<'a> Cursor<'a> {
             blockinfo: HashMap::new(),
             setbid: None,
             pending: None,
+            fields: Vec::new(),
+            blob: None,
+        }
+    }
+
+    /// The record the last [`Cursor::next`] returned ([`Item::Record`]).
+    pub(crate) fn record(&self) -> Record<'_> {
+        Record {
+            fields: &self.fields,
+            blob: self.blob,
         }
     }
 
@@ -753,15 +863,16 @@ impl<'a> Cursor<'a> {
                 Item::DefineAbbrev(abbrev)
             }
             UNABBREV_RECORD => {
-                let record = read_unabbreviated(&mut self.reader)?;
-                self.record(record)?
+                read_unabbreviated(&mut self.reader, &mut self.fields)?;
+                self.blob = None;
+                self.after_record()?
             }
             _ => {
                 let abbrev = self
                     .abbrev(id)
                     .ok_or_else(|| malformed(start, format!("undefined abbreviation ID {id}")))?;
-                let record = read_abbreviated(&mut self.reader, &abbrev)?;
-                self.record(record)?
+                self.blob = read_abbreviated(&mut self.reader, &abbrev, &mut self.fields)?;
+                self.after_record()?
             }
         };
         Ok(Some((start..self.reader.pos(), item)))
@@ -850,31 +961,61 @@ impl<'a> Cursor<'a> {
         Ok(())
     }
 
-    fn record(&mut self, record: Record) -> Result<Item, BitcodeError> {
-        if self.block_id() == Some(BLOCKINFO_BLOCK_ID) && record.code() == BLOCKINFO_CODE_SETBID {
+    fn after_record(&mut self) -> Result<Item, BitcodeError> {
+        if self.block_id() == Some(BLOCKINFO_BLOCK_ID)
+            && self.record().code() == BLOCKINFO_CODE_SETBID
+        {
             let at = self.reader.pos();
             self.setbid = Some(
-                *record
+                *self
+                    .record()
                     .operands()
                     .first()
                     .ok_or_else(|| malformed(at, "SETBID without a block ID"))?,
             );
         }
-        Ok(Item::Record(record))
+        Ok(Item::Record)
     }
 }
 
 /// What a block body holds, in file order.
 pub(crate) enum BodyItem {
     /// An abbreviation definition, copied verbatim when the body is re-emitted.
-    Define {
-        bits: Range<u64>,
-        abbrev: Abbrev,
-    },
-    Record {
-        at: u64,
-        record: Record,
-    },
+    Define { bits: Range<u64>, abbrev: Abbrev },
+    /// A record, whose fields are this range of [`Body::fields`].
+    Record { at: u64, fields: Range<usize> },
+}
+
+/// A block body as read, kept to be re-emitted: its items, and the fields of all its records in one
+/// buffer instead of an allocation each.
+#[derive(Default)]
+pub(crate) struct Body {
+    pub(crate) items: Vec<BodyItem>,
+    pub(crate) fields: Vec<u64>,
+}
+
+impl Body {
+    /// Keeps `record`, which starts at bit `at`. Bodies that are re-emitted have no blobs.
+    pub(crate) fn push_record(&mut self, at: u64, record: Record<'_>) -> Result<(), BitcodeError> {
+        if record.blob.is_some() {
+            return Err(unsupported(
+                at,
+                format!("a blob in a record of code {}", record.code()),
+            ));
+        }
+        let start = self.fields.len();
+        self.fields.extend_from_slice(record.fields);
+        self.items.push(BodyItem::Record {
+            at,
+            fields: start..self.fields.len(),
+        });
+        Ok(())
+    }
+
+    /// The fields of a record of this body.
+    pub(crate) fn fields(&self, range: &Range<usize>) -> &[u64] {
+        &self.fields[range.clone()]
+    }
 }
 
 /// What a re-emitted block body is made of, in order.
@@ -944,32 +1085,36 @@ mod tests {
         }
     }
 
-    /// Every item of a stream, entering every block.
-    fn walk(bytes: &[u8]) -> Result<Vec<Item>, BitcodeError> {
-        let mut cursor = Cursor::new(bytes, 0..bytes.len());
-        let mut items = Vec::new();
-        while let Some((_, item)) = cursor.next()? {
-            if matches!(item, Item::Block(_)) {
-                cursor.enter()?;
-            }
-            items.push(item);
-        }
-        Ok(items)
+    /// A record as [`Cursor::record`] reads it, owned.
+    #[derive(Debug, PartialEq)]
+    struct Owned {
+        fields: Vec<u64>,
+        blob: Option<Vec<u8>>,
     }
 
-    fn records(items: &[Item]) -> Vec<Record> {
-        let record = |item: &Item| match item {
-            Item::Record(record) => Some(record.clone()),
-            _ => None,
-        };
-        items.iter().filter_map(record).collect()
-    }
-
-    fn record(fields: &[u64], blob: Option<&[u8]>) -> Record {
-        Record {
+    fn record(fields: &[u64], blob: Option<&[u8]>) -> Owned {
+        Owned {
             fields: fields.to_vec(),
             blob: blob.map(<[u8]>::to_vec),
         }
+    }
+
+    /// Every item of a stream, entering every block, and its records.
+    fn walk(bytes: &[u8]) -> Result<(Vec<Item>, Vec<Owned>), BitcodeError> {
+        let mut cursor = Cursor::new(bytes, 0..bytes.len());
+        let (mut items, mut records) = (Vec::new(), Vec::new());
+        while let Some((_, item)) = cursor.next()? {
+            match item {
+                Item::Block(_) => cursor.enter()?,
+                Item::Record => {
+                    let read = cursor.record();
+                    records.push(record(read.fields, read.blob));
+                }
+                Item::End | Item::DefineAbbrev(_) => {}
+            }
+            items.push(item);
+        }
+        Ok((items, records))
     }
 
     const NAME: [Op; 4] = [Op::Literal(7), Op::Vbr(4), Op::Array, Op::Char6];
@@ -1006,9 +1151,15 @@ mod tests {
     fn sample() -> Vec<u8> {
         let mut w = BitWriter::default();
         let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, 3);
-        write_record(&mut w, 3, &[], &[1, 2], None).unwrap();
+        write_record(&mut w, &InScope::new(3, &[]), &[1, 2], None).unwrap();
         let info = enter(&mut w, 3, BLOCKINFO_BLOCK_ID, 2);
-        write_record(&mut w, 2, &[], &[BLOCKINFO_CODE_SETBID, 9], None).unwrap();
+        write_record(
+            &mut w,
+            &InScope::new(2, &[]),
+            &[BLOCKINFO_CODE_SETBID, 9],
+            None,
+        )
+        .unwrap();
         define(&mut w, 2, &NAME);
         end(&mut w, 2, info);
         let inner = enter(&mut w, 3, 9, 4);
@@ -1018,7 +1169,7 @@ mod tests {
         let in_scope = abbrevs(&[&NAME, &PAIR, &BYTES, &BLOB]);
         for (fields, blob) in SAMPLE_RECORDS {
             let before = w.bits;
-            write_record(&mut w, 4, &in_scope, fields, blob).unwrap();
+            write_record(&mut w, &InScope::new(4, &in_scope), fields, blob).unwrap();
             // Abbreviated: an unabbreviated record would start with ID 3.
             let mut bytes = w.whole_bytes().clone();
             bytes.extend_from_slice(&w.pending.to_le_bytes());
@@ -1103,7 +1254,7 @@ mod tests {
     #[test]
     fn round_trips_every_operand_kind_and_blockinfo() {
         let bytes = sample();
-        let items = walk(&bytes).unwrap();
+        let (items, records) = walk(&bytes).unwrap();
         assert_eq!(
             items[0],
             Item::Block(BlockHeader {
@@ -1122,7 +1273,7 @@ mod tests {
                 .iter()
                 .map(|&(fields, blob)| record(fields, blob)),
         );
-        assert_eq!(records(&items), want);
+        assert_eq!(records, want);
         let defined: Vec<&Item> = items
             .iter()
             .filter(|item| matches!(item, Item::DefineAbbrev(_)))
@@ -1143,7 +1294,7 @@ mod tests {
             let mut fields = vec![1];
             fields.extend(text.bytes().map(u64::from));
             let mut w = BitWriter::default();
-            write_record(&mut w, 3, &in_scope, &fields, None).unwrap();
+            write_record(&mut w, &InScope::new(3, &in_scope), &fields, None).unwrap();
             let bytes = w.into_bytes();
             assert_eq!(
                 BitReader::new(&bytes, 0..bytes.len()).tap_read(0, 3),
@@ -1157,22 +1308,42 @@ mod tests {
     fn records_that_fit_no_abbreviation_are_written_unabbreviated() {
         let unabbreviated = |fields: &[u64]| {
             let mut w = BitWriter::default();
-            write_record(&mut w, 3, &[], fields, None).unwrap();
+            write_record(&mut w, &InScope::new(3, &[]), fields, None).unwrap();
             w.into_bytes()
         };
         // '/' is not a char6 character; 8 is not the literal code 7.
         for fields in [&[7, 1, b'/' as u64][..], &[8, 1]] {
             let mut w = BitWriter::default();
-            write_record(&mut w, 3, &abbrevs(&[&NAME]), fields, None).unwrap();
+            write_record(&mut w, &InScope::new(3, &abbrevs(&[&NAME])), fields, None).unwrap();
             assert_eq!(w.into_bytes(), unabbreviated(fields));
         }
         // IDs beyond the block's abbreviation width cannot be used.
         let mut w = BitWriter::default();
-        write_record(&mut w, 2, &abbrevs(&[&NAME]), &[7, 1], None).unwrap();
+        write_record(&mut w, &InScope::new(2, &abbrevs(&[&NAME])), &[7, 1], None).unwrap();
         assert_eq!(w.bits, 2 + 6 * 3);
         let mut w = BitWriter::default();
-        let err = write_record(&mut w, 3, &[], &[4], Some(b"x")).unwrap_err();
+        let err = write_record(&mut w, &InScope::new(3, &[]), &[4], Some(b"x")).unwrap_err();
         assert!(matches!(err, BitcodeError::Unsupported { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_blob_in_a_body_kept_for_re_emitting_is_unsupported() {
+        let mut body = Body::default();
+        let plain = Record {
+            fields: &[7, 1],
+            blob: None,
+        };
+        body.push_record(0, plain).unwrap();
+        let with_blob = Record {
+            fields: &[4],
+            blob: Some(b"x"),
+        };
+        let err = body.push_record(64, with_blob).unwrap_err();
+        assert!(
+            matches!(err, BitcodeError::Unsupported { at: 64, .. }),
+            "{err}"
+        );
+        assert_eq!(body.items.len(), 1);
     }
 
     #[test]
@@ -1293,10 +1464,10 @@ mod tests {
             let mut w = BitWriter::default();
             let outer = enter(&mut w, TOP_LEVEL_ABBREV_WIDTH, 8, width);
             define(&mut w, width, &ops);
-            write_record(&mut w, width, &in_scope, &all, None).unwrap();
+            write_record(&mut w, &InScope::new(width, &in_scope), &all, None).unwrap();
             end(&mut w, width, outer);
-            let items = walk(&w.into_bytes()).unwrap();
-            proptest::prop_assert_eq!(records(&items), vec![record(&all, None)]);
+            let (_, records) = walk(&w.into_bytes()).unwrap();
+            proptest::prop_assert_eq!(records, vec![record(&all, None)]);
         }
 
         #[test]

@@ -25,11 +25,11 @@ pub(crate) fn module_hash(bytes: &[u8]) -> Result<Option<[u32; 5]>, BitcodeError
             {
                 cursor.enter()?;
             }
-            Item::Record(record)
+            Item::Record
                 if cursor.block_id() == Some(MODULE_BLOCK_ID)
-                    && record.code() == MODULE_CODE_HASH =>
+                    && cursor.record().code() == MODULE_CODE_HASH =>
             {
-                return shard::hash_words(bits.start, record.operands()).map(Some);
+                return shard::hash_words(bits.start, cursor.record().operands()).map(Some);
             }
             _ => {}
         }

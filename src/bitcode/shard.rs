@@ -10,11 +10,11 @@
 //! absolute offsets into the stream (VSTOFFSET, function offsets), so the length words are all there is
 //! to fix.
 
-use std::collections::HashMap;
 use std::ops::Range;
 
 use super::bitstream::{
-    self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, BodyItem, Cursor, Emit, Item, Record,
+    self, Abbrev, BLOCKINFO_BLOCK_ID, BitReader, BitWriter, Body, BodyItem, Cursor, Emit, InScope,
+    Item, Record,
 };
 use super::container::{self, WRAPPER_SIZE_AT};
 use super::error::BitcodeError;
@@ -65,7 +65,7 @@ pub(crate) struct Block {
     /// The abbreviations in scope on entry (BLOCKINFO's for this block ID).
     inherited: Vec<Abbrev>,
     /// For MODULE_STRTAB, everything but its ENTRY and HASH records (which become `Shard::entries`).
-    pub(crate) items: Vec<BodyItem>,
+    pub(crate) contents: Body,
 }
 
 /// A shard read for rewriting: its module entries, and the blocks a rewrite re-emits.
@@ -113,7 +113,7 @@ fn module_record(
     table: &mut Block,
     awaiting_hash: &mut bool,
     at: u64,
-    record: Record,
+    record: Record<'_>,
 ) -> Result<(), BitcodeError> {
     let follows_entry = std::mem::replace(awaiting_hash, false);
     match record.code() {
@@ -144,7 +144,7 @@ fn module_record(
                 })?
                 .hash = Some(hash);
         }
-        _ => table.items.push(BodyItem::Record { at, record }),
+        _ => table.contents.push_record(at, record)?,
     }
     Ok(())
 }
@@ -188,7 +188,7 @@ fn scan(bytes: &[u8], summaries: bool) -> Result<Shard, BitcodeError> {
                             body: header.body,
                             width: header.width,
                             inherited: cursor.abbrevs(),
-                            items: Vec::new(),
+                            contents: Body::default(),
                         };
                         current = Some((block, is_table));
                     }
@@ -205,23 +205,22 @@ fn scan(bytes: &[u8], summaries: bool) -> Result<Shard, BitcodeError> {
             }
             (Item::DefineAbbrev(abbrev), Some((block, _))) => {
                 awaiting_hash = false;
-                block.items.push(BodyItem::Define { bits, abbrev });
+                block.contents.items.push(BodyItem::Define { bits, abbrev });
             }
-            (Item::Record(record), Some((block, true))) => {
+            (Item::Record, Some((block, true))) => {
                 module_record(
                     &mut shard.entries,
                     block,
                     &mut awaiting_hash,
                     bits.start,
-                    record,
+                    cursor.record(),
                 )?;
             }
-            (Item::Record(record), Some((block, false))) => {
-                let at = bits.start;
-                block.items.push(BodyItem::Record { at, record });
+            (Item::Record, Some((block, false))) => {
+                block.contents.push_record(bits.start, cursor.record())?;
             }
             // Records and abbreviations of the blocks around: nothing to do.
-            (Item::DefineAbbrev(_) | Item::Record(_), None) => {}
+            (Item::DefineAbbrev(_) | Item::Record, None) => {}
         }
     }
     Ok(shard)
@@ -237,7 +236,7 @@ struct BodyWriter<'r, 'a> {
     source: &'r BitReader<'a>,
     width: u32,
     w: BitWriter,
-    abbrevs: Vec<Abbrev>,
+    in_scope: InScope,
 }
 
 impl<'r, 'a> BodyWriter<'r, 'a> {
@@ -247,18 +246,18 @@ impl<'r, 'a> BodyWriter<'r, 'a> {
             width: block.width,
             // About the size of the body it replaces: the new one differs only in its names.
             w: BitWriter::with_capacity(block.body.len() + block.body.len() / 4),
-            abbrevs: block.inherited.clone(),
+            in_scope: InScope::new(block.width, &block.inherited),
         }
     }
 
     fn define(&mut self, bits: &Range<u64>, abbrev: &Abbrev) -> Result<(), BitcodeError> {
         self.w.copy(self.source, bits.clone())?;
-        self.abbrevs.push(abbrev.clone());
+        self.in_scope.push(abbrev.clone());
         Ok(())
     }
 
     fn record(&mut self, fields: &[u64]) -> Result<(), BitcodeError> {
-        bitstream::write_record(&mut self.w, self.width, &self.abbrevs, fields, None)
+        bitstream::write_record(&mut self.w, &self.in_scope, fields, None)
     }
 
     fn finish(mut self) -> Vec<u8> {
@@ -295,7 +294,7 @@ fn table_body(
     renamed: &[(Vec<u8>, &ModuleEntry)],
 ) -> Result<Vec<u8>, BitcodeError> {
     let mut out = BodyWriter::new(source, table);
-    for item in &table.items {
+    for item in &table.contents.items {
         if let BodyItem::Define { bits, abbrev } = item {
             out.define(bits, abbrev)?;
         }
@@ -408,14 +407,18 @@ pub(crate) fn canonicalize(
             "more than one summary block",
         ));
     }
-    if let Some(BodyItem::Record { at, record }) = table
+    if let Some(BodyItem::Record { at, fields }) = table
+        .contents
         .items
         .iter()
         .find(|item| matches!(item, BodyItem::Record { .. }))
     {
         return Err(BitcodeError::Unsupported {
             at: *at,
-            what: format!("MODULE_STRTAB record of code {}", record.code()),
+            what: format!(
+                "MODULE_STRTAB record of code {}",
+                bitstream::record_code(table.contents.fields(fields))
+            ),
         });
     }
 
@@ -427,9 +430,9 @@ pub(crate) fn canonicalize(
         .collect();
     // Unstable is enough: two equal paths are an error below.
     renamed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut module_ids = HashMap::with_capacity(renamed.len());
+    let mut module_ids = summary::IdMap::with_capacity(renamed.len());
     for (new_id, pair) in renamed.iter().enumerate() {
-        if module_ids.insert(pair.1.id, new_id as u64).is_some() {
+        if !module_ids.insert(pair.1.id, new_id as u64) {
             return Err(BitcodeError::Malformed {
                 at: table.body.start as u64 * 8,
                 what: format!("module ID {} recorded twice", pair.1.id),
@@ -449,7 +452,7 @@ pub(crate) fn canonicalize(
     let source = BitReader::new(bytes, shard.stream.clone());
     let mut bodies = vec![(table, table_body(&source, table, &renamed)?)];
     for summary in &shard.summaries {
-        let (emits, buffer) = summary::canonical(&summary.items, &module_ids)?;
+        let (emits, buffer) = summary::canonical(&summary.contents, &module_ids)?;
         bodies.push((summary, body(&source, summary, emits, &buffer)?));
     }
     splice(bytes, shard.wrapped, bodies)

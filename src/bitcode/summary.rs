@@ -19,9 +19,10 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ops::Range;
 
-use super::bitstream::{BodyItem, Emit, malformed, unsupported};
+use super::bitstream::{Body, BodyItem, Emit, Record, malformed, unsupported};
 use super::error::BitcodeError;
 
 const FS_COMBINED: u64 = 4;
@@ -91,34 +92,82 @@ fn role(code: u64) -> Option<Role> {
     })
 }
 
+/// A map from a shard's IDs (of values or modules) to numbers. LLVM hands both kinds out densely
+/// from 0 or 1, so they index a table, which a rewrite looks up several times per record; an ID far
+/// beyond their count (a malformed shard) goes to a hash map instead.
+pub(crate) struct IdMap {
+    dense: Vec<Option<u64>>,
+    /// IDs from this on are in `sparse`.
+    dense_limit: u64,
+    sparse: HashMap<u64, u64>,
+}
+
+impl IdMap {
+    /// A map of about `count` IDs.
+    pub(crate) fn with_capacity(count: usize) -> IdMap {
+        IdMap {
+            dense: Vec::with_capacity(count + 1),
+            dense_limit: 2 * count as u64 + 64,
+            sparse: HashMap::new(),
+        }
+    }
+
+    /// Maps `id` to `to`; false if it was mapped already (and it stays as it was).
+    pub(crate) fn insert(&mut self, id: u64, to: u64) -> bool {
+        if id >= self.dense_limit {
+            return match self.sparse.entry(id) {
+                Entry::Occupied(_) => false,
+                Entry::Vacant(slot) => {
+                    slot.insert(to);
+                    true
+                }
+            };
+        }
+        let at = id as usize;
+        if self.dense.len() <= at {
+            self.dense.resize(at + 1, None);
+        }
+        let slot = &mut self.dense[at];
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some(to);
+        true
+    }
+
+    pub(crate) fn get(&self, id: u64) -> Option<u64> {
+        if id >= self.dense_limit {
+            return self.sparse.get(&id).copied();
+        }
+        self.dense.get(id as usize).copied().flatten()
+    }
+}
+
 /// Old → new value IDs, and each old ID's GUID.
 struct Values {
-    new_id: HashMap<u64, u64>,
-    guid: HashMap<u64, u64>,
+    new_id: IdMap,
+    guid: IdMap,
     /// `[FS_VALUE_GUID, new id, guid...]` records in GUID order.
     records: Vec<Vec<u64>>,
 }
 
-fn values(items: &[BodyItem], version: u64) -> Result<Values, BitcodeError> {
+fn values(body: &Body, version: u64) -> Result<Values, BitcodeError> {
     let mut pairs = Vec::new();
-    for item in items {
-        let BodyItem::Record { at, record } = item else {
-            continue;
-        };
+    for (at, record) in records(body) {
         if record.code() != FS_VALUE_GUID {
             continue;
         }
         let (id, guid) = match (version >= SPLIT_GUID_VERSION, record.operands()) {
             (true, &[id, high, low]) if high >> 32 == 0 && low >> 32 == 0 => (id, high << 32 | low),
             (false, &[id, guid]) => (id, guid),
-            _ => return Err(malformed(*at, "FS_VALUE_GUID record of the wrong shape")),
+            _ => return Err(malformed(at, "FS_VALUE_GUID record of the wrong shape")),
         };
-        pairs.push((guid, id, *at));
+        pairs.push((guid, id, at));
     }
     pairs.sort_unstable();
     let mut values = Values {
-        new_id: HashMap::with_capacity(pairs.len()),
-        guid: HashMap::with_capacity(pairs.len()),
+        new_id: IdMap::with_capacity(pairs.len()),
+        guid: IdMap::with_capacity(pairs.len()),
         records: Vec::with_capacity(pairs.len()),
     };
     if let Some(pair) = pairs.windows(2).find(|pair| pair[0].0 == pair[1].0) {
@@ -128,7 +177,7 @@ fn values(items: &[BodyItem], version: u64) -> Result<Values, BitcodeError> {
         ));
     }
     for (new_id, &(guid, old_id, at)) in (1..).zip(&pairs) {
-        if values.new_id.insert(old_id, new_id).is_some() {
+        if !values.new_id.insert(old_id, new_id) {
             return Err(malformed(at, format!("value ID {old_id} given two GUIDs")));
         }
         values.guid.insert(old_id, guid);
@@ -141,10 +190,26 @@ fn values(items: &[BodyItem], version: u64) -> Result<Values, BitcodeError> {
     Ok(values)
 }
 
+/// The records of `body`, with where each starts.
+fn records(body: &Body) -> impl Iterator<Item = (u64, Record<'_>)> {
+    body.items.iter().filter_map(|item| match item {
+        BodyItem::Record { at, fields } => Some((*at, read(body, fields))),
+        BodyItem::Define { .. } => None,
+    })
+}
+
+/// A record of `body`.
+fn read<'a>(body: &'a Body, fields: &Range<usize>) -> Record<'a> {
+    Record {
+        fields: body.fields(fields),
+        blob: None,
+    }
+}
+
 /// Rewrites one record's module and value IDs in place.
 struct Remap<'a> {
     at: u64,
-    modules: &'a HashMap<u64, u64>,
+    modules: &'a IdMap,
     values: &'a Values,
 }
 
@@ -154,7 +219,7 @@ impl Remap<'_> {
             .get_mut(i)
             .ok_or_else(|| malformed(self.at, "summary record too short"))?;
         *field =
-            *self.values.new_id.get(field).ok_or_else(|| {
+            self.values.new_id.get(*field).ok_or_else(|| {
                 malformed(self.at, format!("value ID {field} has no FS_VALUE_GUID"))
             })?;
         Ok(())
@@ -172,7 +237,7 @@ impl Remap<'_> {
         let field = fields
             .get_mut(i)
             .ok_or_else(|| malformed(self.at, "summary record too short"))?;
-        *field = *self.modules.get(field).ok_or_else(|| {
+        *field = self.modules.get(*field).ok_or_else(|| {
             malformed(
                 self.at,
                 format!("module ID {field} is not in MODULE_STRTAB"),
@@ -290,23 +355,21 @@ fn before_or_after<'v, T>(
 /// `modules` (old → new) and the values and summaries renumbered and ordered as the module doc says;
 /// and the buffer that holds the fields of the rewritten records ([`Emit::Buffered`]).
 pub(crate) fn canonical<'a>(
-    items: &'a [BodyItem],
-    modules: &HashMap<u64, u64>,
+    body: &'a Body,
+    modules: &IdMap,
 ) -> Result<(Vec<Emit<'a>>, Vec<u64>), BitcodeError> {
-    let version = match items
-        .iter()
-        .find(|item| matches!(item, BodyItem::Record { .. }))
-    {
-        Some(BodyItem::Record { at, record }) if record.code() == FS_VERSION => {
+    let version = match records(body).next() {
+        Some((at, record)) if record.code() == FS_VERSION => {
             let version = record.operands().first().copied().unwrap_or_default();
             if !VERSIONS.contains(&version) {
-                return Err(unsupported(*at, format!("summary version {version}")));
+                return Err(unsupported(at, format!("summary version {version}")));
             }
             version
         }
         _ => return Err(malformed(0, "summary block without FS_VERSION first")),
     };
-    let mut values = values(items, version)?;
+    let mut values = values(body, version)?;
+    let items = &body.items;
 
     let mut head: Vec<Emit<'a>> = Vec::new();
     let mut groups: Vec<Group> = Vec::new();
@@ -330,7 +393,7 @@ pub(crate) fn canonical<'a>(
                 after_summary = false;
                 continue;
             }
-            BodyItem::Record { at, record } => (*at, record),
+            BodyItem::Record { at, fields } => (*at, read(body, fields)),
         };
         let role = role(record.code())
             .ok_or_else(|| unsupported(at, format!("summary record of code {}", record.code())))?;
@@ -353,7 +416,7 @@ pub(crate) fn canonical<'a>(
             Role::Fixed | Role::ValueGuid if !pending.is_empty() => return Err(misplaced()),
             Role::Fixed => {
                 before_or_after(&groups, &mut head, &mut tail)
-                    .push(Emit::Record(record.fields.as_slice().into()));
+                    .push(Emit::Record(record.fields.into()));
             }
             Role::ValueGuid if !groups.is_empty() => return Err(misplaced()),
             Role::ValueGuid => {
@@ -368,13 +431,13 @@ pub(crate) fn canonical<'a>(
             }
             Role::Attached | Role::Summary(_) if !tail.is_empty() => return Err(misplaced()),
             Role::Attached => {
-                let fields = remap.buffered(&record.fields, &mut buffer)?;
+                let fields = remap.buffered(record.fields, &mut buffer)?;
                 pending.push(Emit::Buffered(fields));
             }
             Role::Summary(alias) => {
-                let fields = remap.buffered(&record.fields, &mut buffer)?;
+                let fields = remap.buffered(record.fields, &mut buffer)?;
                 let old_value = record.operands().first().copied().unwrap_or_default();
-                let guid = values.guid.get(&old_value).copied().unwrap_or_default();
+                let guid = values.guid.get(old_value).unwrap_or_default();
                 let module = buffer[fields.clone()].get(2).copied().unwrap_or_default();
                 let start = grouped.len();
                 grouped.append(&mut pending);
@@ -387,7 +450,7 @@ pub(crate) fn canonical<'a>(
             }
             Role::OriginalName => match groups.last_mut() {
                 Some(group) if following_summary => {
-                    grouped.push(Emit::Record(record.fields.as_slice().into()));
+                    grouped.push(Emit::Record(record.fields.into()));
                     group.emits.end = grouped.len();
                 }
                 _ => {
@@ -414,4 +477,24 @@ pub(crate) fn canonical<'a>(
     }
     head.extend(tail);
     Ok((head, buffer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdMap;
+
+    #[test]
+    fn ids_far_beyond_the_count_are_mapped_too() {
+        let mut map = IdMap::with_capacity(3);
+        for (id, to) in [(1, 10), (0, 11), (u64::MAX, 12), (1_000_000, 13)] {
+            assert!(map.insert(id, to), "{id}");
+        }
+        // A second mapping of an ID is refused and leaves the first.
+        assert!(!map.insert(1, 20));
+        assert!(!map.insert(u64::MAX, 21));
+        let got: Vec<_> = [0, 1, 2, u64::MAX, 1_000_000, 999_999]
+            .map(|id| map.get(id))
+            .into();
+        assert_eq!(got, [Some(11), Some(10), None, Some(12), Some(13), None]);
+    }
 }
