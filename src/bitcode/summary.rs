@@ -376,7 +376,8 @@ pub(crate) fn canonical<'a>(
     let mut grouped: Vec<Emit<'a>> = Vec::with_capacity(items.len());
     let mut tail: Vec<Emit<'a>> = Vec::new();
     let mut pending: Vec<Emit<'a>> = Vec::new();
-    let mut buffer: Vec<u64> = Vec::new();
+    // Rewritten records are at most all of them: sized once, not grown record by record.
+    let mut buffer: Vec<u64> = Vec::with_capacity(body.fields.len());
     let mut table_written = false;
     // Whether the last record was a summary, which an ORIGINAL_NAME may follow.
     let mut after_summary = false;
