@@ -8,7 +8,6 @@
 //! Positions are absolute bit offsets in the buffer the stream lives in; 32-bit alignment is relative to
 //! the stream's first byte, as in LLVM.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::rc::Rc;
@@ -1047,9 +1046,9 @@ impl Body {
 pub(crate) enum Emit<'a> {
     /// An abbreviation definition of the original body, copied.
     Define(&'a Range<u64>, &'a Abbrev),
-    /// A record (its code, then its operands), with the smallest abbreviation in scope that fits it;
-    /// borrowed when it is the original's.
-    Record(Cow<'a, [u64]>),
+    /// A record of the original body (its code, then its operands), written with the smallest
+    /// abbreviation in scope that fits it.
+    Record(&'a [u64]),
     /// A record as `Record`, whose fields are this range of the buffer the emits come with (one
     /// buffer for every rewritten record, not an allocation each).
     Buffered(Range<usize>),

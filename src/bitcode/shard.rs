@@ -277,7 +277,7 @@ fn body(
     for emit in emits {
         match emit {
             Emit::Define(bits, abbrev) => out.define(bits, abbrev)?,
-            Emit::Record(fields) => out.record(&fields)?,
+            Emit::Record(fields) => out.record(fields)?,
             Emit::Buffered(range) => out.record(&buffer[range])?,
         }
     }

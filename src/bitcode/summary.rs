@@ -17,7 +17,6 @@
 //! order in ways not undone here, so they, like any record code not listed, make the shard
 //! [`BitcodeError::Unsupported`].
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::ops::Range;
@@ -147,8 +146,8 @@ impl IdMap {
 struct Values {
     new_id: IdMap,
     guid: IdMap,
-    /// `[FS_VALUE_GUID, new id, guid...]` records in GUID order.
-    records: Vec<Vec<u64>>,
+    /// The GUIDs in their order, which is that of the new IDs (from 1).
+    guids: Vec<u64>,
 }
 
 fn values(body: &Body, version: u64) -> Result<Values, BitcodeError> {
@@ -168,7 +167,7 @@ fn values(body: &Body, version: u64) -> Result<Values, BitcodeError> {
     let mut values = Values {
         new_id: IdMap::with_capacity(pairs.len()),
         guid: IdMap::with_capacity(pairs.len()),
-        records: Vec::with_capacity(pairs.len()),
+        guids: Vec::with_capacity(pairs.len()),
     };
     if let Some(pair) = pairs.windows(2).find(|pair| pair[0].0 == pair[1].0) {
         return Err(malformed(
@@ -181,11 +180,7 @@ fn values(body: &Body, version: u64) -> Result<Values, BitcodeError> {
             return Err(malformed(at, format!("value ID {old_id} given two GUIDs")));
         }
         values.guid.insert(old_id, guid);
-        values.records.push(if version >= SPLIT_GUID_VERSION {
-            vec![FS_VALUE_GUID, new_id, guid >> 32, guid & 0xFFFF_FFFF]
-        } else {
-            vec![FS_VALUE_GUID, new_id, guid]
-        });
+        values.guids.push(guid);
     }
     Ok(values)
 }
@@ -368,7 +363,7 @@ pub(crate) fn canonical<'a>(
         }
         _ => return Err(malformed(0, "summary block without FS_VERSION first")),
     };
-    let mut values = values(body, version)?;
+    let values = values(body, version)?;
     let items = &body.items;
 
     let mut head: Vec<Emit<'a>> = Vec::new();
@@ -416,18 +411,20 @@ pub(crate) fn canonical<'a>(
         match role {
             Role::Fixed | Role::ValueGuid if !pending.is_empty() => return Err(misplaced()),
             Role::Fixed => {
-                before_or_after(&groups, &mut head, &mut tail)
-                    .push(Emit::Record(record.fields.into()));
+                before_or_after(&groups, &mut head, &mut tail).push(Emit::Record(record.fields));
             }
             Role::ValueGuid if !groups.is_empty() => return Err(misplaced()),
             Role::ValueGuid => {
                 if !std::mem::replace(&mut table_written, true) {
-                    let records = std::mem::take(&mut values.records);
-                    head.extend(
-                        records
-                            .into_iter()
-                            .map(|fields| Emit::Record(fields.into())),
-                    );
+                    for (new_id, &guid) in (1..).zip(&values.guids) {
+                        let start = buffer.len();
+                        if version >= SPLIT_GUID_VERSION {
+                            buffer.extend([FS_VALUE_GUID, new_id, guid >> 32, guid & 0xFFFF_FFFF]);
+                        } else {
+                            buffer.extend([FS_VALUE_GUID, new_id, guid]);
+                        }
+                        head.push(Emit::Buffered(start..buffer.len()));
+                    }
                 }
             }
             Role::Attached | Role::Summary(_) if !tail.is_empty() => return Err(misplaced()),
@@ -451,7 +448,7 @@ pub(crate) fn canonical<'a>(
             }
             Role::OriginalName => match groups.last_mut() {
                 Some(group) if following_summary => {
-                    grouped.push(Emit::Record(record.fields.into()));
+                    grouped.push(Emit::Record(record.fields));
                     group.emits.end = grouped.len();
                 }
                 _ => {
@@ -474,7 +471,7 @@ pub(crate) fn canonical<'a>(
     for group in groups {
         // Each emit is taken once: the groups' ranges do not overlap.
         let taken = grouped[group.emits].iter_mut();
-        head.extend(taken.map(|emit| std::mem::replace(emit, Emit::Record(Cow::Borrowed(&[])))));
+        head.extend(taken.map(|emit| std::mem::replace(emit, Emit::Record(&[]))));
     }
     head.extend(tail);
     Ok((head, buffer))
