@@ -21,11 +21,11 @@
 //! cold link's steady state, where one job starts as another ends, dozens of jobs share an
 //! upload, where each job made its own call before.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Shared};
+use rustc_hash::FxHashMap;
 use tokio::sync::Semaphore;
 
 use crate::plan::digests::FileInfo;
@@ -64,7 +64,8 @@ impl Default for Uploads {
 
 #[derive(Default)]
 struct Table {
-    states: HashMap<Digest, State>,
+    /// FxHash: the keys are digests, looked up ~100 times per job.
+    states: FxHashMap<Digest, State>,
     /// The blobs staged for the next coalesced upload (see [`Uploads::stage`]).
     staged: Option<StagedBlobs>,
 }

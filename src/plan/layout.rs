@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use super::digests::{FileDigests, FileInfo};
 use super::options::LayoutKind;
 use crate::bitcode;
@@ -336,7 +338,8 @@ fn rewrite(
     let entries = shard.modules();
     // The modules by the last four words of their hash, in job order: `matches_hash`, not
     // equality, because LLVM 22.1.8 corrupts the first word along with a non-ASCII path.
-    let mut by_hash: HashMap<[u32; 4], Vec<usize>> = HashMap::with_capacity(modules.len());
+    let mut by_hash: FxHashMap<[u32; 4], Vec<usize>> =
+        FxHashMap::with_capacity_and_hasher(modules.len(), Default::default());
     for (i, hash) in hashes.iter().enumerate() {
         if let Some([_, rest @ ..]) = *hash {
             by_hash.entry(rest).or_default().push(i);
