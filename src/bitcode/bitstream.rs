@@ -422,17 +422,12 @@ pub(crate) struct Record<'r> {
 
 impl<'r> Record<'r> {
     pub(crate) fn code(&self) -> u64 {
-        record_code(self.fields)
+        self.fields.first().copied().unwrap_or_default()
     }
 
     pub(crate) fn operands(&self) -> &'r [u64] {
         self.fields.get(1..).unwrap_or_default()
     }
-}
-
-/// The code of a record's `fields` (its first).
-pub(crate) fn record_code(fields: &[u64]) -> u64 {
-    fields.first().copied().unwrap_or_default()
 }
 
 /// Reads an unabbreviated record's fields into `fields` (emptied first).
@@ -650,7 +645,7 @@ const INDEXED_CODES: usize = 64;
 /// record need not be tried against every one.
 pub(crate) struct InScope {
     /// Abbreviation ID width of the block.
-    width: u32,
+    pub(crate) width: u32,
     /// In ID order, the first having ID [`FIRST_DEFINED_ABBREV`].
     abbrevs: Vec<Abbrev>,
     /// For each code below [`INDEXED_CODES`], the positions in `abbrevs` of those that begin with that
@@ -1037,9 +1032,12 @@ impl Body {
         Ok(())
     }
 
-    /// The fields of a record of this body.
-    pub(crate) fn fields(&self, range: &Range<usize>) -> &[u64] {
-        &self.fields[range.clone()]
+    /// The record of this body whose fields are `range` (a [`BodyItem::Record`]'s).
+    pub(crate) fn record(&self, range: &Range<usize>) -> Record<'_> {
+        Record {
+            fields: &self.fields[range.clone()],
+            blob: None,
+        }
     }
 }
 

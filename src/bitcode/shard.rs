@@ -234,7 +234,6 @@ pub(crate) fn shard_modules(bytes: &[u8]) -> Result<Vec<ModuleEntry>, BitcodeErr
 /// (`source`), its records written with the smallest abbreviation in scope, then END_BLOCK.
 struct BodyWriter<'r, 'a> {
     source: &'r BitReader<'a>,
-    width: u32,
     w: BitWriter,
     in_scope: InScope,
 }
@@ -243,7 +242,6 @@ impl<'r, 'a> BodyWriter<'r, 'a> {
     fn new(source: &'r BitReader<'a>, block: &Block) -> Self {
         BodyWriter {
             source,
-            width: block.width,
             // About the size of the body it replaces: the new one differs only in its names.
             w: BitWriter::with_capacity(block.body.len() + block.body.len() / 4),
             in_scope: InScope::new(block.width, &block.inherited),
@@ -261,7 +259,7 @@ impl<'r, 'a> BodyWriter<'r, 'a> {
     }
 
     fn finish(mut self) -> Vec<u8> {
-        bitstream::write_end_block(&mut self.w, self.width);
+        bitstream::write_end_block(&mut self.w, self.in_scope.width);
         self.w.into_bytes()
     }
 }
@@ -417,7 +415,7 @@ pub(crate) fn canonicalize(
             at: *at,
             what: format!(
                 "MODULE_STRTAB record of code {}",
-                bitstream::record_code(table.contents.fields(fields))
+                table.contents.record(fields).code()
             ),
         });
     }

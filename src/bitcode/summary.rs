@@ -188,17 +188,9 @@ fn values(body: &Body, version: u64) -> Result<Values, BitcodeError> {
 /// The records of `body`, with where each starts.
 fn records(body: &Body) -> impl Iterator<Item = (u64, Record<'_>)> {
     body.items.iter().filter_map(|item| match item {
-        BodyItem::Record { at, fields } => Some((*at, read(body, fields))),
+        BodyItem::Record { at, fields } => Some((*at, body.record(fields))),
         BodyItem::Define { .. } => None,
     })
-}
-
-/// A record of `body`.
-fn read<'a>(body: &'a Body, fields: &Range<usize>) -> Record<'a> {
-    Record {
-        fields: body.fields(fields),
-        blob: None,
-    }
 }
 
 /// Rewrites one record's module and value IDs in place.
@@ -389,7 +381,7 @@ pub(crate) fn canonical<'a>(
                 after_summary = false;
                 continue;
             }
-            BodyItem::Record { at, fields } => (*at, read(body, fields)),
+            BodyItem::Record { at, fields } => (*at, body.record(fields)),
         };
         let role = role(record.code())
             .ok_or_else(|| unsupported(at, format!("summary record of code {}", record.code())))?;
