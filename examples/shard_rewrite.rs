@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
         let mut hash = Sha256::new();
         for shard in &shards {
             let rewritten =
-                ReadShard::new(shard)?.canonicalize(|module| names[&module.path].clone())?;
+                ReadShard::new(shard)?.canonicalize(|module| names[&module.path].as_slice())?;
             hash.update(&rewritten);
         }
         best = best.min(start.elapsed().as_secs_f64() * 1000.0 / shards.len().max(1) as f64);

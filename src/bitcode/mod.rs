@@ -45,9 +45,9 @@ pub fn shard_modules(shard: &[u8]) -> Result<Vec<ModuleEntry>, BitcodeError> {
 ///
 /// A shard with records whose dependence on module order is not undone here (MemProf, summary versions
 /// other than 7 to 13, per-module summaries) gives [`BitcodeError::Unsupported`].
-pub fn canonicalize_shard(
+pub fn canonicalize_shard<P: AsRef<[u8]>>(
     shard: &[u8],
-    new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+    new_path: impl FnMut(&ModuleEntry) -> P,
 ) -> Result<Vec<u8>, BitcodeError> {
     shard::canonicalize_shard(shard, new_path)
 }
@@ -75,9 +75,9 @@ impl<'a> ReadShard<'a> {
     }
 
     /// [`canonicalize_shard`] of the shard.
-    pub fn canonicalize(
+    pub fn canonicalize<P: AsRef<[u8]>>(
         &self,
-        new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+        new_path: impl FnMut(&ModuleEntry) -> P,
     ) -> Result<Vec<u8>, BitcodeError> {
         shard::canonicalize(self.bytes, &self.shard, new_path)
     }

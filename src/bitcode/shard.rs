@@ -80,14 +80,16 @@ pub(crate) struct Shard {
 
 /// The operands as bytes, or an error naming the record.
 fn path_bytes(at: u64, chars: &[u64]) -> Result<Vec<u8>, BitcodeError> {
-    chars
-        .iter()
-        .map(|&c| u8::try_from(c))
-        .collect::<Result<_, _>>()
-        .map_err(|_| BitcodeError::Malformed {
+    // One allocation of the right size: collecting through a `Result` knows no length, and grew
+    // each path from 8 bytes, five allocations for the ~100 paths of every shard.
+    let mut path = Vec::with_capacity(chars.len());
+    for &c in chars {
+        path.push(u8::try_from(c).map_err(|_| BitcodeError::Malformed {
             at,
             what: "module path character above 255".into(),
-        })
+        })?);
+    }
+    Ok(path)
 }
 
 pub(crate) fn hash_words(at: u64, operands: &[u64]) -> Result<[u32; 5], BitcodeError> {
@@ -182,13 +184,19 @@ fn scan(bytes: &[u8], summaries: bool) -> Result<Shard, BitcodeError> {
                 {
                     cursor.enter()?;
                     if is_table || is_summary {
+                        // A table's entries become `Shard::entries`, not its contents.
+                        let contents = if is_summary {
+                            Body::for_bytes(header.body.len())
+                        } else {
+                            Body::default()
+                        };
                         let block = Block {
                             len_word_at: header.len_word_at,
                             enclosing: open.clone(),
                             body: header.body,
                             width: header.width,
                             inherited: cursor.abbrevs(),
-                            contents: Body::default(),
+                            contents,
                         };
                         current = Some((block, is_table));
                     }
@@ -289,7 +297,7 @@ fn body(
 fn table_body(
     source: &BitReader<'_>,
     table: &Block,
-    renamed: &[(Vec<u8>, &ModuleEntry)],
+    renamed: &[(impl AsRef<[u8]>, &ModuleEntry)],
 ) -> Result<Vec<u8>, BitcodeError> {
     let mut out = BodyWriter::new(source, table);
     for item in &table.contents.items {
@@ -301,7 +309,7 @@ fn table_body(
     for (new_id, (path, entry)) in renamed.iter().enumerate() {
         fields.clear();
         fields.extend([MST_CODE_ENTRY, new_id as u64]);
-        fields.extend(path.iter().map(|&b| u64::from(b)));
+        fields.extend(path.as_ref().iter().map(|&b| u64::from(b)));
         out.record(&fields)?;
         if let Some(hash) = entry.hash {
             fields.clear();
@@ -380,18 +388,18 @@ pub(crate) fn read_for_rewrite(bytes: &[u8]) -> Result<Shard, BitcodeError> {
     scan(bytes, true)
 }
 
-pub(crate) fn canonicalize_shard(
+pub(crate) fn canonicalize_shard<P: AsRef<[u8]>>(
     bytes: &[u8],
-    new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+    new_path: impl FnMut(&ModuleEntry) -> P,
 ) -> Result<Vec<u8>, BitcodeError> {
     canonicalize(bytes, &read_for_rewrite(bytes)?, new_path)
 }
 
 /// `bytes`, read as `shard`, canonicalized (see [`super::canonicalize_shard`]).
-pub(crate) fn canonicalize(
+pub(crate) fn canonicalize<P: AsRef<[u8]>>(
     bytes: &[u8],
     shard: &Shard,
-    mut new_path: impl FnMut(&ModuleEntry) -> Vec<u8>,
+    mut new_path: impl FnMut(&ModuleEntry) -> P,
 ) -> Result<Vec<u8>, BitcodeError> {
     let [table] = &shard.tables[..] else {
         return Err(unsupported(
@@ -421,13 +429,13 @@ pub(crate) fn canonicalize(
     }
 
     // Asked in file order; the new IDs follow the byte order of the new paths.
-    let mut renamed: Vec<(Vec<u8>, &ModuleEntry)> = shard
+    let mut renamed: Vec<(P, &ModuleEntry)> = shard
         .entries
         .iter()
         .map(|entry| (new_path(entry), entry))
         .collect();
     // Unstable is enough: two equal paths are an error below.
-    renamed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    renamed.sort_unstable_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
     let mut module_ids = summary::IdMap::with_capacity(renamed.len());
     for (new_id, pair) in renamed.iter().enumerate() {
         if !module_ids.insert(pair.1.id, new_id as u64) {
@@ -437,12 +445,15 @@ pub(crate) fn canonicalize(
             });
         }
     }
-    if let Some(pair) = renamed.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+    if let Some(pair) = renamed
+        .windows(2)
+        .find(|pair| pair[0].0.as_ref() == pair[1].0.as_ref())
+    {
         return Err(unsupported(
             table.body.start,
             format!(
                 "two modules renamed to the same path {:?}",
-                String::from_utf8_lossy(&pair[0].0)
+                String::from_utf8_lossy(pair[0].0.as_ref())
             ),
         ));
     }
