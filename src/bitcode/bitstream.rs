@@ -1015,9 +1015,9 @@ pub(crate) struct Body {
 }
 
 impl Body {
-    /// An empty body with room for what a block body of `bytes` bytes holds, as read from the
-    /// summaries and module tables lld writes (at most 0.73 fields and 0.13 records a byte),
-    /// so that reading one does not grow and copy its buffers again and again.
+    /// An empty body with room for what a summary block body of `bytes` bytes holds (lld's
+    /// have at most 0.73 fields and 0.13 records a byte), so that reading one does not grow and
+    /// copy its buffers again and again.
     pub(crate) fn for_bytes(bytes: usize) -> Body {
         Body {
             items: Vec::with_capacity(bytes / 4),
