@@ -520,7 +520,7 @@ mod tests {
     fn decode<M: Message + Default>(blobs: &[Blob], digest: &Digest) -> M {
         let blob = blobs.iter().find(|b| &b.digest == digest).expect("a blob");
         match &blob.source {
-            BlobSource::Bytes(bytes) => M::decode(bytes.as_slice()).unwrap(),
+            BlobSource::Bytes(bytes) => M::decode(&bytes[..]).unwrap(),
             other => panic!("{other:?}"),
         }
     }

@@ -330,6 +330,15 @@ fn inputs_lost_from_the_cas_before_execution_are_uploaded_again() {
 }
 
 #[test]
+fn blobs_a_batch_upload_refuses_are_sent_again() {
+    // The server answers the first three blobs of its BatchUpdateBlobs calls with a per-blob
+    // UNAVAILABLE and does not store them: had the client not sent those blobs again, their jobs'
+    // executions would have missed inputs, and those jobs would have run locally.
+    let remote = link_absorbing(&["--fault-refuse-blobs=3"]);
+    assert!(remote.rpc_retries() >= 1, "{}", remote.stats());
+}
+
+#[test]
 fn persistent_corruption_is_an_infrastructure_failure() {
     link_falling_back(&["--fault-corrupt-reads=1000000"], &[], "corrupt");
 }

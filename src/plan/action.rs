@@ -302,15 +302,15 @@ pub fn assemble(
 
     blobs.extend(tree.directories.into_iter().map(|(digest, bytes)| Blob {
         digest,
-        source: BlobSource::Bytes(bytes),
+        source: BlobSource::Bytes(bytes.into()),
     }));
     blobs.push(Blob {
         digest: command_digest.clone(),
-        source: BlobSource::Bytes(command_bytes),
+        source: BlobSource::Bytes(command_bytes.into()),
     });
     blobs.push(Blob {
         digest: action_digest.clone(),
-        source: BlobSource::Bytes(action_bytes),
+        source: BlobSource::Bytes(action_bytes.into()),
     });
     Ok(Assembled {
         action_digest,

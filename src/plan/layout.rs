@@ -227,7 +227,7 @@ pub fn canonical(
             Generated {
                 path: SHARD_NAME.to_owned(),
                 digest,
-                source: BlobSource::Bytes(rewritten),
+                source: BlobSource::Bytes(rewritten.into()),
             }
         }
     };

@@ -78,7 +78,7 @@ impl Inner {
         let source = match blob.source {
             BlobSource::Bytes(data) => {
                 check_size(&blob.digest, data.len() as u64)?;
-                ChunkSource::Bytes(Arc::new(data))
+                ChunkSource::Bytes(Arc::new(data.into()))
             }
             BlobSource::Deferred(make) => {
                 let data = make.make(&blob.digest)?;

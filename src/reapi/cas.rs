@@ -53,7 +53,9 @@ pub(super) const BATCH_SLACK: usize = 64;
 /// Where the content of a blob to upload is.
 #[derive(Debug, Clone)]
 pub enum BlobSource {
-    Bytes(Vec<u8>),
+    /// Content in memory, shared: a blob is cloned into every upload that may carry it (and kept
+    /// for a retry), which copies no content.
+    Bytes(bytes::Bytes),
     /// A file whose content has the blob's digest; read when uploaded, in chunks if large.
     File(PathBuf),
     /// Content made only if it must be uploaded (whose digest was known without making it).
@@ -92,7 +94,7 @@ impl Blob {
     pub fn from_bytes(data: Vec<u8>) -> Blob {
         Blob {
             digest: digest::of_bytes(&data),
-            source: BlobSource::Bytes(data),
+            source: BlobSource::Bytes(data.into()),
         }
     }
 

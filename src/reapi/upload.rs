@@ -113,16 +113,26 @@ impl Inner {
         ctx: &CallContext,
     ) -> Result<(), ReapiError> {
         let zstd = self.compression && self.capabilities.zstd_batch_update;
-        let bytes = blobs.iter().map(|b| digest::size(&b.digest)).sum();
-        let mut pending = blocking_unless_small(bytes, move || batch_requests(blobs, zstd)).await?;
+        // Each attempt makes its requests from the blobs still to send (a retry sends only those
+        // that failed), so a batch's content is never copied to be kept for a retry.
+        let mut pending = blobs;
         let mut attempts = self.attempts(self.deadline());
         loop {
             let Some(remaining) = attempts.remaining() else {
                 return Err(self.fail("BatchUpdateBlobs", &retry::deadline_passed(), &attempts));
             };
+            let bytes = pending.iter().map(|b| digest::size(&b.digest)).sum();
+            let blobs = pending.clone();
+            let requests =
+                blocking_unless_small(bytes, move || batch_requests(blobs, zstd)).await?;
+            // What the response is checked against: each blob's digest and its bytes on the wire.
+            let sent: Vec<(Digest, u64)> = requests
+                .iter()
+                .filter_map(|r| Some((r.digest.clone()?, r.data.len() as u64)))
+                .collect();
             let request = re::BatchUpdateBlobsRequest {
                 instance_name: self.instance_name.clone(),
-                requests: pending.clone(),
+                requests,
                 digest_function: 0,
             };
             let mut client = self.cas();
@@ -138,12 +148,9 @@ impl Inner {
                                 Some((digest_key(r.digest.as_ref()?), r.status.as_ref()?))
                             })
                             .collect();
-                    let mut failed = Vec::new();
+                    let mut failed = HashSet::new();
                     let mut transient = None;
-                    for blob in &pending {
-                        let Some(d) = blob.digest.as_ref() else {
-                            continue;
-                        };
+                    for (d, wire_bytes) in &sent {
                         let status = statuses.get(&digest_key(d)).ok_or_else(|| {
                             self.protocol_error(
                                 "BatchUpdateBlobs",
@@ -151,8 +158,7 @@ impl Inner {
                             )
                         })?;
                         if status.code == 0 {
-                            self.counters
-                                .uploaded(digest::size(d), blob.data.len() as u64);
+                            self.counters.uploaded(digest::size(d), *wire_bytes);
                             continue;
                         }
                         let status = status_from_proto(status);
@@ -163,13 +169,13 @@ impl Inner {
                         if !is_transient(status.code()) {
                             return Err(self.fail("BatchUpdateBlobs", &status, &attempts));
                         }
-                        failed.push(blob.clone());
+                        failed.insert(digest_key(d));
                         transient = Some(status);
                     }
                     match transient {
                         None => return Ok(()),
                         Some(status) => {
-                            pending = failed;
+                            pending.retain(|b| failed.contains(&digest_key(&b.digest)));
                             status
                         }
                     }
@@ -194,7 +200,8 @@ fn batch_requests(
         .into_iter()
         .map(|blob| {
             let data = match blob.source {
-                BlobSource::Bytes(data) => data,
+                // Without a copy when no one else holds the bytes.
+                BlobSource::Bytes(data) => data.into(),
                 BlobSource::File(path) => {
                     std::fs::read(&path).map_err(|source| ReapiError::Io { path, source })?
                 }

@@ -153,13 +153,15 @@ impl ContentAddressableStorage for CasService {
                 .into_iter()
                 .map(|r| {
                     cas.0.stats.received(r.data.len());
+                    let stored = match cas.0.faults.refuse_blob() {
+                        Some(refused) => Err(refused),
+                        None => cas.update_one(r.digest.as_ref(), r.data, r.compressor),
+                    };
                     batch_update_blobs_response::Response {
-                        status: Some(
-                            match cas.update_one(r.digest.as_ref(), r.data, r.compressor) {
-                                Ok(()) => ok_status(),
-                                Err(e) => rpc_status(&e),
-                            },
-                        ),
+                        status: Some(match stored {
+                            Ok(()) => ok_status(),
+                            Err(e) => rpc_status(&e),
+                        }),
                         digest: r.digest,
                     }
                 })

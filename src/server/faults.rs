@@ -124,6 +124,7 @@ pub struct Faults {
     missing_program: Option<Code>,
     break_writes: AtomicU32,
     lose_inputs: AtomicU32,
+    refuse_blobs: AtomicU32,
 }
 
 impl Faults {
@@ -146,6 +147,7 @@ impl Faults {
             missing_program: None,
             break_writes: AtomicU32::new(break_writes),
             lose_inputs: AtomicU32::new(0),
+            refuse_blobs: AtomicU32::new(0),
         }
     }
 
@@ -166,6 +168,22 @@ impl Faults {
     pub fn with_lost_inputs(mut self, executions: u32) -> Self {
         self.lose_inputs = AtomicU32::new(executions);
         self
+    }
+
+    /// How many blobs of BatchUpdateBlobs are refused first (`--fault-refuse-blobs`).
+    pub fn with_refused_blobs(mut self, blobs: u32) -> Self {
+        self.refuse_blobs = AtomicU32::new(blobs);
+        self
+    }
+
+    /// The per-blob status of a blob of BatchUpdateBlobs that is to be refused, not stored.
+    pub fn refuse_blob(&self) -> Option<Status> {
+        take(&self.refuse_blobs).then(|| {
+            Status::new(
+                Code::Unavailable,
+                "fault injection: blob refused, send it again",
+            )
+        })
     }
 
     /// Whether this execution is to find its input files gone from the CAS.

@@ -273,6 +273,17 @@ pub struct ServeArgs {
         help_heading = "Test knobs (fault injection)"
     )]
     pub fault_lose_inputs: u32,
+
+    /// Test knob: refuse the first N blobs sent through BatchUpdateBlobs, each with a per-blob
+    /// UNAVAILABLE status in a successful response (the blob is not stored), so that the client
+    /// must send those blobs again.
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Test knobs (fault injection)"
+    )]
+    pub fault_refuse_blobs: u32,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -387,7 +398,8 @@ async fn listen(args: &ServeArgs) -> anyhow::Result<(Arc<context::Context>, anyh
             args.fault_execute_status.clone(),
             args.missing_program_status,
         )
-        .with_lost_inputs(args.fault_lose_inputs),
+        .with_lost_inputs(args.fault_lose_inputs)
+        .with_refused_blobs(args.fault_refuse_blobs),
         hostile: hostile::Hostile::new(
             &args.fault_slow,
             args.fault_reads,
