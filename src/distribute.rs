@@ -116,7 +116,11 @@ async fn run_jobs(job_file: Arc<JobFile>, settings: &Settings) -> ExitCode {
         async move { runner.run_job(&ctx, job).await }
     })
     .await;
-    runner.finish(&ctx).await;
+    {
+        // Saving the digest cache, waiting for cancellations: what a link does after its last job.
+        let _phase = trace::link_phase(ctx.trace.as_ref(), LinkTrack::Link, "finish");
+        runner.finish(&ctx).await;
+    }
     let transfers = runner.transfers();
     let toolchain = runner.toolchain();
     let inputs = runner.input_hashing();
