@@ -6,7 +6,9 @@
 # `stop_server` stops it (the scripts `trap stop_server EXIT`). `seeded_server` starts one and links
 # a one-module program through it (in $project/seed), so that it holds the compiler before anything
 # is measured. `copy_objects DIR` copies the project's objects and inputs.rsp into DIR (a fresh
-# build directory).
+# build directory). `split_cores` sets $cores, $half, $link_cpus and $serve_cpus: the first half of
+# the cores for the link, the other half for the server, which stands for another machine (see
+# bench/racing.sh).
 
 generate_project() {
     say "generating and compiling $modules modules x $functions functions in $project"
@@ -18,6 +20,16 @@ generate_project() {
             'for f; do "$0" --target=x86_64-linux-gnu -O2 -flto=thin -c "$f" -o "${f%.c}.o" || exit 1; done' "$CLANG"
         printf '%s\n' *.o >inputs.rsp
     )
+}
+
+split_cores() {
+    cores=$(nproc)
+    if ((cores >= 2)); then
+        half=$((cores / 2))
+        link_cpus=0-$((half - 1)) serve_cpus=$half-$((cores - 1))
+    else
+        half=1 link_cpus=0 serve_cpus=0
+    fi
 }
 
 copy_objects() {

@@ -28,13 +28,7 @@ modules=${MODULES:-30}
 functions=${FUNCTIONS:-16}
 runs=${RUNS:-15}
 held_ms=${HELD_MS:-3000}
-cores=$(nproc)
-if ((cores >= 2)); then
-    half=$((cores / 2))
-    link_cpus=0-$((half - 1)) serve_cpus=$half-$((cores - 1))
-else
-    half=1 link_cpus=0 serve_cpus=0
-fi
+split_cores
 jobs=$half
 out=${OUT:-$root/bench/out/racing-replay}
 project=$out/project

@@ -46,13 +46,7 @@ source "$root/bench/project.sh"
 distributor=${DISTRIBUTOR:-$distributor}
 modules=${MODULES:-60}
 functions=${FUNCTIONS:-16}
-cores=$(nproc)
-if ((cores >= 2)); then
-    half=$((cores / 2))
-    link_cpus=0-$((half - 1)) serve_cpus=$half-$((cores - 1))
-else
-    half=1 link_cpus=0 serve_cpus=0
-fi
+split_cores
 jobs=${JOBS:-$half}
 runs=${RUNS:-3}
 slow_ms=${SLOW_MS:-1500}
