@@ -17,8 +17,9 @@
 # object local mode wrote.
 #
 # Environment: MODULES (30), FUNCTIONS per module (16), RUNS (15), HELD_MS (3000), OUT
-# (bench/out/racing-replay), DISTRIBUTOR (the dtlto-reapi binary to measure; default: this
-# checkout's release build).
+# (bench/out/racing-replay: the project and the replays; a tmpfs such as /dev/shm keeps the file
+# system's costs of writing the objects out of the compiles' times), DISTRIBUTOR (the dtlto-reapi
+# binary to measure; default: this checkout's release build).
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/env.sh"
