@@ -119,7 +119,10 @@ fn remote_link_trace_nests_and_covers_every_job_and_a_cached_relink_only_looks_u
     ] {
         assert!(phases.contains(phase), "no {phase:?} span in {phases:?}");
     }
-    let link_phases: BTreeSet<String> = ["connect", "hash inputs"].map(str::to_owned).into();
+    // Before the jobs, connecting and hashing; after them, `finish`.
+    let link_phases: BTreeSet<String> = ["connect", "hash inputs", "finish"]
+        .map(str::to_owned)
+        .into();
     assert_eq!(names(&first, "link"), link_phases);
     // The cluster's own account, on its workers' tracks.
     assert_eq!(names(&first, "action"), modules(&stats));
