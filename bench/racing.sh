@@ -224,7 +224,7 @@ for path in glob.glob(os.path.join(sys.argv[1], "*.json")):
         min((e["ts"] for e in compiles), default=None),
         statistics.median(e.get("dur", 0) for e in compiles) if compiles else None,
         statistics.median(stored) if stored else None,
-        max(map(end, events), default=None),
+        max((end(e) for e in events if "index" in e.get("args", {})), default=None),
     ))
 median = lambda xs: f"{statistics.median(xs) / 1000:.2f}" if xs else "-"
 print("from --trace, medians over rounds (ms from the distributor's start):")
