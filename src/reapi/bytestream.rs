@@ -78,12 +78,12 @@ impl Inner {
         let source = match blob.source {
             BlobSource::Bytes(data) => {
                 check_size(&blob.digest, data.len() as u64)?;
-                ChunkSource::Bytes(Arc::new(data.into()))
+                ChunkSource::Bytes(data)
             }
             BlobSource::Deferred(make) => {
                 let data = make.make(&blob.digest)?;
                 check_size(&blob.digest, data.len() as u64)?;
-                ChunkSource::Bytes(Arc::new(data))
+                ChunkSource::Bytes(data.into())
             }
             BlobSource::File(path) => {
                 let len = tokio::fs::metadata(&path)
@@ -328,13 +328,13 @@ impl From<Status> for ReadFailure {
 /// The content of a blob being streamed, shareable across attempts.
 #[derive(Clone)]
 pub(super) enum ChunkSource {
-    Bytes(Arc<Vec<u8>>),
+    Bytes(bytes::Bytes),
     File(PathBuf),
 }
 
 /// What the request stream of one Write attempt reads from.
 pub(super) enum ChunkReader {
-    Bytes(Arc<Vec<u8>>),
+    Bytes(bytes::Bytes),
     File(tokio::fs::File, PathBuf),
     Zstd(Box<Encoder>),
 }
@@ -532,7 +532,7 @@ mod tests {
         std::io::Write::write_all(&mut file, &data).unwrap();
         let size = data.len() as u64;
         let sources = [
-            ChunkSource::Bytes(Arc::new(data.clone())),
+            ChunkSource::Bytes(data.clone().into()),
             ChunkSource::File(file.path().to_path_buf()),
         ];
         for source in &sources {

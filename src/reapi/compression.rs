@@ -13,7 +13,7 @@
 
 use std::io::{self, BufReader, Read};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use bazel_remote_apis::build::bazel::remote::execution::v2::compressor;
 use zstd::stream::raw::{DParameter, Operation as _};
@@ -151,15 +151,6 @@ pub fn decompress(mut data: &[u8], size: u64) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// In-memory content shared across upload attempts.
-struct SharedBytes(Arc<Vec<u8>>);
-
-impl AsRef<[u8]> for SharedBytes {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 /// The compressed form of a blob, produced on demand a chunk at a time (never the whole blob in
 /// memory). zstd is deterministic, so a resumed upload produces the same bytes again and skips
 /// those the server already has.
@@ -170,9 +161,9 @@ pub(crate) struct Encoder {
 }
 
 impl Encoder {
-    /// Compresses in-memory `data`.
-    pub(crate) fn of_bytes(data: Arc<Vec<u8>>) -> io::Result<Encoder> {
-        Self::new(Box::new(io::Cursor::new(SharedBytes(data))), None)
+    /// Compresses in-memory `data` (shared with the blob, across upload attempts).
+    pub(crate) fn of_bytes(data: bytes::Bytes) -> io::Result<Encoder> {
+        Self::new(Box::new(io::Cursor::new(data)), None)
     }
 
     /// Compresses the file at `path` (blocking: call from a blocking thread).
@@ -289,7 +280,7 @@ mod tests {
 
     #[test]
     fn the_streaming_encoder_is_deterministic_and_resumable() {
-        let data = Arc::new(sample(200_000));
+        let data = bytes::Bytes::from(sample(200_000));
         let mut whole = Encoder::of_bytes(data.clone()).unwrap();
         let mut all = Vec::new();
         loop {
@@ -300,7 +291,7 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(decompress(&all, data.len() as u64).unwrap(), *data);
+        assert_eq!(decompress(&all, data.len() as u64).unwrap(), data);
         // A second encoder skipping a prefix continues with exactly the same bytes.
         let mut resumed = Encoder::of_bytes(data.clone()).unwrap();
         assert!(resumed.skip(1234).unwrap());

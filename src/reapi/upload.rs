@@ -125,11 +125,8 @@ impl Inner {
             let blobs = pending.clone();
             let requests =
                 blocking_unless_small(bytes, move || batch_requests(blobs, zstd)).await?;
-            // What the response is checked against: each blob's digest and its bytes on the wire.
-            let sent: Vec<(Digest, u64)> = requests
-                .iter()
-                .filter_map(|r| Some((r.digest.clone()?, r.data.len() as u64)))
-                .collect();
+            // Each blob's bytes on the wire (compressed or not), in the order of `pending`.
+            let wire_bytes: Vec<u64> = requests.iter().map(|r| r.data.len() as u64).collect();
             let request = re::BatchUpdateBlobsRequest {
                 instance_name: self.instance_name.clone(),
                 requests,
@@ -148,9 +145,12 @@ impl Inner {
                                 Some((digest_key(r.digest.as_ref()?), r.status.as_ref()?))
                             })
                             .collect();
-                    let mut failed = HashSet::new();
+                    let mut failed = Vec::new();
                     let mut transient = None;
-                    for (d, wire_bytes) in &sent {
+                    for (blob, wire_bytes) in
+                        std::mem::take(&mut pending).into_iter().zip(wire_bytes)
+                    {
+                        let d = &blob.digest;
                         let status = statuses.get(&digest_key(d)).ok_or_else(|| {
                             self.protocol_error(
                                 "BatchUpdateBlobs",
@@ -158,7 +158,7 @@ impl Inner {
                             )
                         })?;
                         if status.code == 0 {
-                            self.counters.uploaded(digest::size(d), *wire_bytes);
+                            self.counters.uploaded(digest::size(d), wire_bytes);
                             continue;
                         }
                         let status = status_from_proto(status);
@@ -169,13 +169,13 @@ impl Inner {
                         if !is_transient(status.code()) {
                             return Err(self.fail("BatchUpdateBlobs", &status, &attempts));
                         }
-                        failed.insert(digest_key(d));
+                        failed.push(blob);
                         transient = Some(status);
                     }
                     match transient {
                         None => return Ok(()),
                         Some(status) => {
-                            pending.retain(|b| failed.contains(&digest_key(&b.digest)));
+                            pending = failed;
                             status
                         }
                     }
