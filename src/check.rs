@@ -374,6 +374,8 @@ async fn plan_probe(
     )
     .await
     .map_err(|e| Failure::new(format!("{e:#}"), advice::CHECK_COMPILER))?;
+    // The compiler's digests, for the links after the check (a lost save costs hashing it again).
+    planner.save_cache();
     let assembled = planner
         .plan_command(&["--version".to_owned()])
         .map_err(|e| Failure::new(e.detail, "fix the compiler's shared arguments"))?;

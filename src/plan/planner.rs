@@ -30,6 +30,11 @@ use crate::settings::Settings;
 /// shows each cause once.
 pub type WarnOnce<'a> = &'a dyn Fn(&'static str, &str);
 
+/// At most this many input files (as the job file lists them, repeats included), the link's files
+/// are known on the calling thread rather than on the blocking pool: a relink's. For unchanged
+/// files, that is one `stat` each.
+const INLINE_INPUT_FILES: usize = 64;
+
 /// What every job's planning shares.
 pub struct Planner {
     /// The link's job file, with the files its shared arguments name among its common inputs.
@@ -45,7 +50,7 @@ pub struct Planner {
     /// How long identifying the compiler took (`--verbose`; the digest cache makes it cheap).
     toolchain_time: std::time::Duration,
     /// The digest cache: it also remembers the digests of rewritten index shards
-    /// (`layout::canonical`), saved again by [`Planner::save_cache`] once the jobs are planned.
+    /// (`layout::canonical`), saved by [`Planner::save_cache`] once the jobs are planned.
     cache: Arc<DigestCache>,
     /// Index shards rewritten by this link, and rewrites whose digests the digest cache knew.
     shards_rewritten: AtomicU64,
@@ -53,8 +58,8 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// Resolves the compiler and hashes every input file of the link (on blocking threads, `--jobs`
-    /// at once), remembering the digests of both across links in the digest cache.
+    /// Resolves the compiler and hashes every input file of the link (a relink's few on the calling
+    /// thread, more on blocking threads, `--jobs` at once), remembering the digests of both across links in the digest cache.
     /// Every Action runs with `environment`; the link runs in `cwd`. Actions name their outputs
     /// in REAPI 2.1's `output_paths` until [`Planner::use_legacy_output_files`] (the server is
     /// known only once connected, which a link does while this hashes).
@@ -88,20 +93,15 @@ impl Planner {
         let threads = settings.jobs;
         let (request, remote_compiler) = (settings.toolchain, settings.remote_compiler.clone());
         let upload_compiler = settings.upload_compiler.clone();
-        // One digest cache for the compiler's files and the link's inputs: opened once, shared by
-        // both, saved once (a lost save only costs hashing again next time).
-        let job_file_path = job_file.path.clone();
-        let cache = tokio::task::spawn_blocking(move || {
-            let cache = DigestCache::open(cache_dir);
-            // lld wrote it just now: the clock of the file system the link's files are on.
-            cache.written_now(&job_file_path);
-            Arc::new(cache)
-        })
-        .await?;
+        // One digest cache for the compiler's files and the link's inputs: opened once (a stat of
+        // its directory), shared by both, saved once the jobs are planned (`save_cache`).
+        let cache = Arc::new(DigestCache::open(cache_dir));
+        // lld wrote it just now: the clock of the file system the link's files are on.
+        cache.written_now(&job_file.path);
         let job_file_for_toolchain = job_file.clone();
         let cache_for_toolchain = cache.clone();
         let environment_for_toolchain = environment.clone();
-        let toolchain = tokio::task::spawn_blocking(move || {
+        let resolve_toolchain = move || {
             let started = std::time::Instant::now();
             let request = ModeRequest {
                 toolchain: request,
@@ -115,9 +115,11 @@ impl Planner {
                 &cache_for_toolchain,
             );
             resolved.map(|(toolchain, warning)| (toolchain, warning, started.elapsed()))
-        });
+        };
+        let listed = job_file.common_inputs.len()
+            + job_file.jobs.iter().map(|j| j.inputs.len()).sum::<usize>();
         let cache_for_inputs = cache.clone();
-        let digests = tokio::task::spawn_blocking(move || {
+        let hash_inputs = move || {
             let paths = job_file
                 .jobs
                 .iter()
@@ -125,11 +127,23 @@ impl Planner {
                 .chain(&job_file.common_inputs)
                 .map(PathBuf::as_path);
             FileDigests::compute(paths, threads, &cache_for_inputs)
-        })
-        .await?;
-        let toolchain = toolchain.await?;
-        let saved = cache.clone();
-        let _ = tokio::task::spawn_blocking(move || saved.save()).await?;
+        };
+        // A relink's few files are known here, one after the other: trips to the blocking pool
+        // and back are thread wake-ups, which a racing relink's compile waits for (0.3-0.7 ms
+        // each on one core, as much as the work). A bigger link hashes its inputs on the pool, the
+        // compiler's files beside them (the first link with a compiler hashes it), and an
+        // interrupt need not wait for either.
+        let (toolchain, digests) = if listed <= INLINE_INPUT_FILES {
+            (resolve_toolchain(), hash_inputs())
+        } else {
+            let toolchain = tokio::task::spawn_blocking(resolve_toolchain);
+            let digests = tokio::task::spawn_blocking(hash_inputs).await?;
+            let toolchain = toolchain.await?;
+            // What took a while is kept at once, should the link not get to `save_cache`.
+            let saved = cache.clone();
+            let _ = tokio::task::spawn_blocking(move || saved.save()).await?;
+            (toolchain, digests)
+        };
         let digests = digests.map_err(|e| anyhow::anyhow!("hashing the link's inputs: {e}"))?;
         let (toolchain, toolchain_warning, toolchain_time) =
             toolchain.map_err(|e| anyhow::anyhow!("the compiler: {e}"))?;
