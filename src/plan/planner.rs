@@ -59,7 +59,8 @@ pub struct Planner {
 
 impl Planner {
     /// Resolves the compiler and hashes every input file of the link (a relink's few on the calling
-    /// thread, more on blocking threads, `--jobs` at once), remembering the digests of both across links in the digest cache.
+    /// thread, more on blocking threads, `--jobs` at once), remembering the digests of both across
+    /// links in the digest cache.
     /// Every Action runs with `environment`; the link runs in `cwd`. Actions name their outputs
     /// in REAPI 2.1's `output_paths` until [`Planner::use_legacy_output_files`] (the server is
     /// known only once connected, which a link does while this hashes).
@@ -128,11 +129,11 @@ impl Planner {
                 .map(PathBuf::as_path);
             FileDigests::compute(paths, threads, &cache_for_inputs)
         };
-        // A relink's few files are known here, one after the other: trips to the blocking pool
-        // and back are thread wake-ups, which a racing relink's compile waits for (0.3-0.7 ms
-        // each on one core, as much as the work). A bigger link hashes its inputs on the pool, the
-        // compiler's files beside them (the first link with a compiler hashes it), and an
-        // interrupt need not wait for either.
+        // A relink's few files are known here, one after the other: each trip to the blocking
+        // pool and back is two thread wake-ups (and a new thread the first time), which cost a
+        // one-job relink about as much CPU as the work. A bigger link hashes its inputs on the
+        // pool, the compiler's files beside them, and an interrupt need not wait for either (a
+        // small link that is the first with a compiler hashes it here: an interrupt waits).
         let (toolchain, digests) = if listed <= INLINE_INPUT_FILES {
             (resolve_toolchain(), hash_inputs())
         } else {
