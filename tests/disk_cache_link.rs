@@ -347,6 +347,40 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     );
 }
 
+/// A link that lists more input files than a relink hashes them on the blocking pool, the
+/// compiler's files beside them; what it learns is kept all the same.
+#[test]
+fn a_link_of_many_inputs_hashes_them_on_the_pool_and_remembers_them() {
+    let (project, expected) = chain_project(30);
+    let xdg_cache = tempfile::tempdir().expect("tempdir");
+    let disk_cache = tempfile::tempdir().expect("tempdir");
+    // Files changed within the last two seconds are never remembered: let the objects age.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let first = caching_link(&project, "one/app", xdg_cache.path(), disk_cache.path())
+        .save_temps()
+        .run();
+    first.assert_success();
+    assert_eq!(first.run_program(), expected);
+    let jobs = first.jobs();
+    let listed: usize = (jobs["jobs"].as_array().expect("jobs").iter())
+        .map(|job| job["inputs"].as_array().expect("inputs").len())
+        .sum();
+    // More than a relink's 64 (`planner.rs`), so that this link took the pool's path.
+    assert!(listed > 64, "{listed} input files listed: {jobs}");
+    assert_eq!(first.stats().inputs("files_from_digest_cache"), 0);
+
+    let second = caching_link(&project, "two/app", xdg_cache.path(), disk_cache.path()).run();
+    second.assert_success();
+    assert_eq!(second.run_program(), expected);
+    let stats = second.stats();
+    assert_eq!(stats.ran(), ran_only("disk-cache", 31), "{stats}");
+    assert_eq!(
+        stats.inputs("files_from_digest_cache"),
+        project.inputs().len() as u64,
+        "{stats}"
+    );
+}
+
 /// A digest cache whose part files another user could write is neither read nor written: the
 /// link hashes its inputs, warns once, and its objects are right.
 #[cfg(unix)]
