@@ -347,8 +347,8 @@ fn a_relink_takes_unchanged_inputs_from_the_digest_cache_and_sees_changed_ones()
     );
 }
 
-/// A link that lists more input files than a relink hashes them on the blocking pool, the
-/// compiler's files beside them; what it learns is kept all the same.
+/// A link listing more input files than a relink does (over 64) hashes them on the blocking pool,
+/// the compiler's files beside them; what it learns is kept all the same.
 #[test]
 fn a_link_of_many_inputs_hashes_them_on_the_pool_and_remembers_them() {
     let (project, expected) = chain_project(30);
