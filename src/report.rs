@@ -290,6 +290,9 @@ fn summary_line(
             "; switched to local mode, {} jobs local after it",
             degraded.local_jobs
         ));
+        if degraded.resumed {
+            detail.push_str(", then back to racing");
+        }
     }
     if let Some(t) = transfers {
         detail.push_str(&format!(
@@ -415,20 +418,33 @@ mod tests {
             .contains("2 local; races won 1 local, 0 remote; 1.5 MB up")
         );
         // The switch to local mode.
-        let degraded = Degraded {
+        let mut degraded = Degraded {
             reason: "the cluster failed 3 jobs in a row".to_owned(),
             local_jobs: 9,
+            resumed: false,
         };
-        let line = summary_line(
-            &tally(&raced),
-            Some(&transfers),
-            0,
-            Some(&degraded),
-            Duration::from_millis(10),
-        );
+        let line = |degraded: &Degraded| {
+            summary_line(
+                &tally(&raced),
+                Some(&transfers),
+                0,
+                Some(degraded),
+                Duration::from_millis(10),
+            )
+        };
+        let switched = line(&degraded);
         assert!(
-            line.contains("races won 1 local, 0 remote; switched to local mode, 9 jobs local after it; 1.5 MB up"),
-            "{line}"
+            switched.contains("races won 1 local, 0 remote; switched to local mode, 9 jobs local after it; 1.5 MB up"),
+            "{switched}"
+        );
+        // And back, when a cluster that kept losing delivered again.
+        degraded.resumed = true;
+        let resumed = line(&degraded);
+        assert!(
+            resumed.contains(
+                "; switched to local mode, 9 jobs local after it, then back to racing; 1.5 MB up"
+            ),
+            "{resumed}"
         );
     }
 }

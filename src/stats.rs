@@ -97,6 +97,9 @@ pub struct Degraded {
     /// The jobs compiled locally after the switch without racing the cluster (and, but for the
     /// job whose lookup made the switch, without asking it anything).
     pub local_jobs: u64,
+    /// Whether the cluster, having kept losing, delivered a race in flight and got new jobs again.
+    #[serde(default)]
+    pub resumed: bool,
 }
 
 /// A side of a race.
@@ -288,6 +291,7 @@ mod tests {
             degraded: Some(Degraded {
                 reason: "the cluster failed 3 jobs in a row".into(),
                 local_jobs: 9,
+                resumed: false,
             }),
             jobs: vec![record],
         };

@@ -33,13 +33,17 @@ fn staged_files(dir: &Path) -> Vec<PathBuf> {
 
 /// A compiler wrapper outside `project` that runs the toolchain's compiler; when it runs where it
 /// can see `project` (a local compile, not an action of a server that hides it), it records its pid
-/// in `local-compiles` there and, while `slow-local` exists there, sleeps for ten minutes first.
+/// in `local-compiles` there and sleeps for ten minutes first while `slow-local` exists there, or
+/// when `slow-local-after` there holds a number and the compile is a later one than that.
 fn wrapper(project: &Project, dir: &Path) -> PathBuf {
     let tools = common::toolchain();
     let project_dir = project.dir().display().to_string();
     let script = format!(
-        "#!/bin/sh\nif [ -d '{project_dir}' ]; then\n  echo $$ >> '{project_dir}/local-compiles'\n  \
-         if [ -e '{project_dir}/slow-local' ]; then sleep 600; fi\nfi\nexec '{}' {} \"$@\"\n",
+        "#!/bin/sh\ndir='{project_dir}'\nif [ -d \"$dir\" ]; then\n  echo $$ >> \"$dir/local-compiles\"\n  \
+         if [ -e \"$dir/slow-local\" ]; then sleep 600; fi\n  \
+         if [ -e \"$dir/slow-local-after\" ] && \
+         [ \"$(wc -l < \"$dir/local-compiles\")\" -gt \"$(cat \"$dir/slow-local-after\")\" ]; then sleep 600; fi\n\
+         fi\nexec '{}' {} \"$@\"\n",
         tools.compiler.display(),
         tools.compiler_prepend
     );
@@ -194,6 +198,48 @@ fn when_the_cluster_fails_every_execution_the_link_completes_locally() {
     let stats = linked.stats();
     assert_eq!(stats.ran(), ran_only("local", 5), "{stats}");
     assert_eq!(winners(&stats), vec!["local"; 5], "{stats}");
+    assert_eq!(staged_files(project.dir()), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn a_cluster_that_kept_losing_still_wins_the_races_in_flight_when_it_delivers() {
+    // Every Execute held for 5 s; local compiles after the eighth sleep for ten minutes. All 12
+    // jobs go to the cluster at once; the one local slot wins eight races in a row, which stops
+    // new jobs going to the cluster but leaves the races in flight their remote sides: the
+    // cluster, a queue that starts late, delivers the other four after its hold.
+    let (project, expected) = chain_project(11);
+    let tools = tempfile::tempdir().unwrap();
+    let compiler = wrapper(&project, tools.path());
+    let hide = project.dir().display().to_string();
+    let server = Server::start([
+        "--hide",
+        &hide,
+        "--workers",
+        "4",
+        "--fault-slow",
+        "Execute=5000",
+    ]);
+    fs::write(project.dir().join("slow-local-after"), "8").unwrap();
+    let linked = project
+        .link("app")
+        .compiler(&compiler, &[])
+        .remote(server.url())
+        .distributor_args(["--strategy=racing", "--jobs=1"])
+        .stats_json()
+        .run();
+    linked.assert_success();
+    assert_eq!(linked.run_program(), expected);
+    let stats = linked.stats();
+    let won = winners(&stats);
+    assert_eq!(won.iter().filter(|w| *w == "local").count(), 8, "{stats}");
+    assert_eq!(won.iter().filter(|w| *w == "remote").count(), 4, "{stats}");
+    let degraded = stats.field("degraded");
+    let reason = degraded["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("won 8 races in a row"), "{stats}");
+    assert_eq!(degraded["resumed"], true, "{stats}");
+    let (_, local_jobs) = switch(&stats, &linked);
+    assert_eq!(local_jobs, 0, "{stats}");
+    linked.assert_stderr_contains(", then back to racing");
     assert_eq!(staged_files(project.dir()), Vec::<PathBuf>::new());
 }
 

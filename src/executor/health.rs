@@ -1,10 +1,16 @@
 //! Whether the cluster is still worth racing, judged over the whole link (`--strategy=racing`):
 //! the remote executor owns one [`Health`], and each race (`racing.rs`) tells it how the remote side
-//! did. When the cluster keeps failing, or keeps losing, it switches the rest of the link to local
-//! compiles at once.
+//! did.
+//!
+//! When the cluster keeps failing, the link stops using it at once: every race in flight leaves its
+//! job to the local side, and the rest of the link runs in local mode. When it keeps losing, new
+//! jobs compile locally without asking it, but the races in flight keep their remote sides: the
+//! cluster already has their work, and one that is a queue starting late (a busy cluster) still
+//! delivers some of them before the local slots get there. Its next result sends new jobs to it
+//! again.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
@@ -23,11 +29,15 @@ pub(super) struct Health {
     local_wins_in_a_row: AtomicU32,
     /// Races the local side may win in a row before the cluster is deemed too slow to help.
     local_wins_to_degrade: u32,
-    /// Cancelled when the link stops using the cluster.
-    pub(super) degraded: CancellationToken,
-    /// Why it did.
-    reason: OnceLock<String>,
-    /// Jobs compiled locally since, without asking the cluster.
+    /// Cancelled when the cluster keeps failing: the link stops using it for good.
+    pub(super) failed: CancellationToken,
+    /// Set while the cluster keeps losing: new jobs compile locally without asking it.
+    losing: AtomicBool,
+    /// Why the link last stopped sending jobs to the cluster.
+    reason: Mutex<Option<String>>,
+    /// Whether the cluster delivered again after losing, and got new jobs again.
+    resumed: AtomicBool,
+    /// Jobs compiled locally without asking the cluster.
     local_jobs: AtomicU64,
 }
 
@@ -42,21 +52,29 @@ impl Health {
             local_wins_to_degrade: u32::try_from(jobs.saturating_mul(2))
                 .unwrap_or(u32::MAX)
                 .max(8),
-            degraded: CancellationToken::new(),
-            reason: OnceLock::new(),
+            failed: CancellationToken::new(),
+            losing: AtomicBool::new(false),
+            reason: Mutex::new(None),
+            resumed: AtomicBool::new(false),
             local_jobs: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a job not yet sent to the cluster goes to it.
+    pub(super) fn sends_jobs(&self) -> bool {
+        !self.failed.is_cancelled() && !self.losing.load(Ordering::Relaxed)
     }
 
     /// The switch to local mode, if the link made it.
     pub(super) fn report(&self) -> Option<Degraded> {
         Some(Degraded {
-            reason: self.reason.get()?.clone(),
+            reason: self.reason.lock().ok()?.clone()?,
             local_jobs: self.local_jobs.load(Ordering::Relaxed),
+            resumed: self.resumed.load(Ordering::Relaxed),
         })
     }
 
-    /// A job of a link that stopped using the cluster: a local compile, counted.
+    /// A job the cluster is not asked about: a local compile, counted.
     pub(super) async fn run_locally(
         &self,
         ctx: &RunContext,
@@ -70,34 +88,41 @@ impl Health {
     pub(super) fn remote_delivered(&self) {
         self.failures_in_a_row.store(0, Ordering::Relaxed);
         self.local_wins_in_a_row.store(0, Ordering::Relaxed);
+        if self.losing.swap(false, Ordering::Relaxed) {
+            tracing::info!("racing: the cluster delivered again; new jobs go to it");
+            self.resumed.store(true, Ordering::Relaxed);
+        }
     }
 
     pub(super) fn remote_failed(&self, ctx: &RunContext, reason: &str) {
         let failures = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         if failures >= FAILURES_TO_DEGRADE {
-            self.degrade(
+            let why = format!("the cluster failed {failures} jobs in a row (last: {reason})");
+            self.switch(
                 ctx,
-                &format!("the cluster failed {failures} jobs in a row (last: {reason})"),
+                "racing-failed",
+                &why,
+                "the rest of the link compiles locally",
             );
+            self.failed.cancel();
         }
     }
 
     pub(super) fn local_won(&self, ctx: &RunContext) {
         let wins = self.local_wins_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        if wins >= self.local_wins_to_degrade {
-            self.degrade(
-                ctx,
-                &format!("local compiles won {wins} races in a row against the cluster"),
-            );
+        if wins >= self.local_wins_to_degrade && !self.losing.swap(true, Ordering::Relaxed) {
+            let why = format!("local compiles won {wins} races in a row against the cluster");
+            let then = "jobs not yet sent to it compile locally until it delivers one in flight";
+            self.switch(ctx, "racing-losing", &why, then);
         }
     }
 
-    fn degrade(&self, ctx: &RunContext, why: &str) {
-        if self.reason.set(why.to_owned()).is_ok() {
-            tracing::warn!(%why, "racing: the rest of the link compiles locally");
-            let text = format!("{why}; the rest of the link compiles locally");
-            ctx.reporter.warn_once("racing-degraded", &text);
-            self.degraded.cancel();
+    /// Records a switch (`why`, and what the link does now) and warns of the first of its kind.
+    fn switch(&self, ctx: &RunContext, kind: &str, why: &str, then: &str) {
+        tracing::warn!(%why, "racing: {then}");
+        if let Ok(mut reason) = self.reason.lock() {
+            *reason = Some(why.to_owned());
         }
+        ctx.reporter.warn_once(kind, &format!("{why}; {then}"));
     }
 }

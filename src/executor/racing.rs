@@ -12,10 +12,11 @@
 //!
 //! A remote failure of the compile itself ends the race (a local compile would fail alike); any
 //! other remote failure leaves the job to its local side, which then takes the next free slot. A
-//! local failure waits for the remote side. And when the cluster keeps failing, or keeps losing,
-//! the link stops using it (`health.rs`): the rest of the link runs in local mode at once, instead
-//! of each job waiting for its own timeouts. The switch, and how many jobs it sent straight to
-//! local compiles, is in `--stats-json` (`degraded`) and on the summary line.
+//! local failure waits for the remote side. And when the cluster keeps failing, the link stops using
+//! it (`health.rs`): the rest of the link runs in local mode at once, instead of each job waiting
+//! for its own timeouts; when it keeps losing, new jobs compile locally without asking it until it
+//! delivers again. The switch, and how many jobs it sent straight to local compiles, is in
+//! `--stats-json` (`degraded`) and on the summary line.
 
 use std::time::Instant;
 
@@ -55,7 +56,7 @@ impl RemoteExecutor {
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
         let health = &self.health;
-        if health.degraded.is_cancelled() {
+        if !health.sends_jobs() {
             return health.run_locally(ctx, job, local).await;
         }
         // The action cache first: a hit never starts local work.
@@ -65,7 +66,7 @@ impl RemoteExecutor {
                 let cancelled = Outcome::Cancelled { ran: Ran::ActionCache };
                 return outcome::record(ctx, &job, cancelled, started.elapsed());
             }
-            () = health.degraded.cancelled() => Ok(None),
+            () = health.failed.cancelled() => Ok(None),
         };
         match lookup {
             Ok(Some(result)) => {
@@ -90,7 +91,7 @@ impl RemoteExecutor {
                 health.remote_failed(ctx, &reason);
             }
         }
-        if health.degraded.is_cancelled() {
+        if !health.sends_jobs() {
             return health.run_locally(ctx, job, local).await;
         }
         self.race(ctx, job, spec, call, local, started).await
@@ -153,7 +154,7 @@ impl RemoteExecutor {
                         RemoteEnd::GaveUp(Some(reason))
                     }
                 },
-                () = health.degraded.cancelled() => RemoteEnd::GaveUp(None),
+                () = health.failed.cancelled() => RemoteEnd::GaveUp(None),
             }
         };
         let local_cancel = ctx.cancel.child_token();
