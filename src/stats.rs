@@ -94,8 +94,9 @@ pub struct Race {
 pub struct Degraded {
     /// Why the link stopped using the cluster.
     pub reason: String,
-    /// The jobs compiled locally after the switch without racing the cluster (and, but for the
-    /// job whose lookup made the switch, without asking it anything).
+    /// The jobs compiled locally after the switch without racing the cluster: after one for
+    /// failures, without asking it anything (but for the job whose lookup made the switch); after
+    /// one for losing, each after a miss in its action cache.
     pub local_jobs: u64,
     /// Whether the cluster, having kept losing, delivered a race in flight and got new jobs again.
     #[serde(default)]

@@ -4,10 +4,10 @@
 //!
 //! When the cluster keeps failing, the link stops using it at once: every race in flight leaves its
 //! job to the local side, and the rest of the link runs in local mode. When it keeps losing, new
-//! jobs compile locally without asking it, but the races in flight keep their remote sides: the
-//! cluster already has their work, and one that is a queue starting late (a busy cluster) still
-//! delivers some of them before the local slots get there. Its next result sends new jobs to it
-//! again.
+//! jobs still look up its action cache, but a miss compiles locally without a race; the races in
+//! flight keep their remote sides: the cluster already has their work, and one that is a queue
+//! starting late (a busy cluster) still delivers some of them before the local slots get there.
+//! Its next result sends new jobs to it again.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -31,7 +31,7 @@ pub(super) struct Health {
     local_wins_to_degrade: u32,
     /// Cancelled when the cluster keeps failing: the link stops using it for good.
     pub(super) failed: CancellationToken,
-    /// Set while the cluster keeps losing: new jobs compile locally without asking it.
+    /// Set while the cluster keeps losing: new jobs do not race it.
     losing: AtomicBool,
     /// Why the link last stopped sending jobs to the cluster.
     reason: Mutex<Option<String>>,
@@ -60,9 +60,9 @@ impl Health {
         }
     }
 
-    /// Whether a job not yet sent to the cluster goes to it.
-    pub(super) fn sends_jobs(&self) -> bool {
-        !self.failed.is_cancelled() && !self.losing.load(Ordering::Relaxed)
+    /// Whether the cluster keeps losing: a job not yet sent to it does not race it.
+    pub(super) fn losing(&self) -> bool {
+        self.losing.load(Ordering::Relaxed)
     }
 
     /// The switch to local mode, if the link made it.
@@ -74,7 +74,7 @@ impl Health {
         })
     }
 
-    /// A job the cluster is not asked about: a local compile, counted.
+    /// A job that does not race the cluster after a switch: a local compile, counted.
     pub(super) async fn run_locally(
         &self,
         ctx: &RunContext,
@@ -112,7 +112,7 @@ impl Health {
         let wins = self.local_wins_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         if wins >= self.local_wins_to_degrade && !self.losing.swap(true, Ordering::Relaxed) {
             let why = format!("local compiles won {wins} races in a row against the cluster");
-            let then = "jobs not yet sent to it compile locally until it delivers one in flight";
+            let then = "new jobs compile locally without racing it until it delivers one in flight";
             self.switch(ctx, "racing-losing", &why, then);
         }
     }

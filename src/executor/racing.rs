@@ -14,8 +14,8 @@
 //! other remote failure leaves the job to its local side, which then takes the next free slot. A
 //! local failure waits for the remote side. And when the cluster keeps failing, the link stops using
 //! it (`health.rs`): the rest of the link runs in local mode at once, instead of each job waiting
-//! for its own timeouts; when it keeps losing, new jobs compile locally without asking it until it
-//! delivers again. The switch, and how many jobs it sent straight to local compiles, is in
+//! for its own timeouts; when it keeps losing, new jobs still look up its action cache, but a miss
+//! compiles locally without a race until the cluster delivers again. The switch, and how many jobs it sent straight to local compiles, is in
 //! `--stats-json` (`degraded`) and on the summary line.
 
 use std::time::Instant;
@@ -28,7 +28,7 @@ use super::slots::{Candidate, Claim, Remote};
 use crate::jobs::Job;
 use crate::plan::action::ActionSpec;
 use crate::reapi::CallContext;
-use crate::stats::{JobRecord, Race, Ran, RemoteTimes, ServerTimes, Side};
+use crate::stats::{JobRecord, Race, Ran, RemoteTimes, ServerTimes, Side, Status};
 use crate::trace;
 
 /// How the remote side of a race ended.
@@ -56,10 +56,11 @@ impl RemoteExecutor {
         started: Instant,
     ) -> (JobRecord, Vec<u8>) {
         let health = &self.health;
-        if !health.sends_jobs() {
+        if health.failed.is_cancelled() {
             return health.run_locally(ctx, job, local).await;
         }
-        // The action cache first: a hit never starts local work.
+        // The action cache first, also while the cluster keeps losing (its cache works, its
+        // executions lag): a hit never starts local work.
         let lookup = tokio::select! {
             found = self.lookup(&job, spec, call) => found,
             () = ctx.cancel.cancelled() => {
@@ -91,8 +92,16 @@ impl RemoteExecutor {
                 health.remote_failed(ctx, &reason);
             }
         }
-        if !health.sends_jobs() {
+        if health.failed.is_cancelled() {
             return health.run_locally(ctx, job, local).await;
+        }
+        if health.losing() {
+            // No race: a local compile, stored as a local winner's result is.
+            let (record, output) = health.run_locally(ctx, job, local).await;
+            if record.status == Status::Succeeded {
+                self.store_local_result(ctx, spec, &output, call).await;
+            }
+            return (record, output);
         }
         self.race(ctx, job, spec, call, local, started).await
     }
