@@ -92,7 +92,7 @@ pub struct Race {
 /// kept losing races.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Degraded {
-    /// Why the link stopped using the cluster.
+    /// Why the link (last) stopped racing the cluster.
     pub reason: String,
     /// The jobs compiled locally after the switch without racing the cluster: after one for
     /// failures, without asking it anything (but for the job whose lookup made the switch); after

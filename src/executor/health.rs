@@ -37,7 +37,7 @@ pub(super) struct Health {
     reason: Mutex<Option<String>>,
     /// Whether the cluster delivered again after losing, and got new jobs again.
     resumed: AtomicBool,
-    /// Jobs compiled locally without asking the cluster.
+    /// Jobs compiled locally without racing the cluster after a switch.
     local_jobs: AtomicU64,
 }
 
@@ -96,7 +96,7 @@ impl Health {
 
     pub(super) fn remote_failed(&self, ctx: &RunContext, reason: &str) {
         let failures = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= FAILURES_TO_DEGRADE {
+        if failures >= FAILURES_TO_DEGRADE && !self.failed.is_cancelled() {
             let why = format!("the cluster failed {failures} jobs in a row (last: {reason})");
             self.switch(
                 ctx,

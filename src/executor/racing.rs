@@ -12,11 +12,12 @@
 //!
 //! A remote failure of the compile itself ends the race (a local compile would fail alike); any
 //! other remote failure leaves the job to its local side, which then takes the next free slot. A
-//! local failure waits for the remote side. And when the cluster keeps failing, the link stops using
-//! it (`health.rs`): the rest of the link runs in local mode at once, instead of each job waiting
-//! for its own timeouts; when it keeps losing, new jobs still look up its action cache, but a miss
-//! compiles locally without a race until the cluster delivers again. The switch, and how many jobs it sent straight to local compiles, is in
-//! `--stats-json` (`degraded`) and on the summary line.
+//! local failure waits for the remote side. And when the cluster keeps failing, the link stops
+//! using it (`health.rs`): the rest of the link runs in local mode at once, instead of each job
+//! waiting for its own timeouts; when it keeps losing, new jobs still look up its action cache, but
+//! a miss compiles locally without a race until the cluster delivers again. The switch, and how
+//! many jobs it sent straight to local compiles, is in `--stats-json` (`degraded`) and on the
+//! summary line.
 
 use std::time::Instant;
 
