@@ -104,21 +104,26 @@ fn local_objects(project: &Project, compiler: &Path) -> Vec<Vec<u8>> {
     local.native_object_contents()
 }
 
-#[test]
-fn against_a_cluster_too_slow_to_finish_the_local_side_wins_and_teaches_the_cache() {
-    let (project, expected) = chain_project(4);
+/// A chain project of `modules` + 1 jobs and its expected output, the [`wrapper`] compiler for it
+/// (in the directory returned last, which a test keeps until its links are done), and a server
+/// started with `server_args` that hides the project from its actions.
+fn setup(
+    modules: usize,
+    server_args: &[&str],
+) -> (Project, String, PathBuf, Server, tempfile::TempDir) {
+    let (project, expected) = chain_project(modules);
     let tools = tempfile::tempdir().unwrap();
     let compiler = wrapper(&project, tools.path());
     let hide = project.dir().display().to_string();
+    let server = Server::start(["--hide", hide.as_str()].iter().chain(server_args));
+    (project, expected, compiler, server, tools)
+}
+
+#[test]
+fn against_a_cluster_too_slow_to_finish_the_local_side_wins_and_teaches_the_cache() {
     // One worker, every Execute held for ten minutes: only local compiles can finish.
-    let server = Server::start([
-        "--hide",
-        &hide,
-        "--workers",
-        "1",
-        "--fault-slow",
-        "Execute=600000",
-    ]);
+    let (project, expected, compiler, server, _tools) =
+        setup(4, &["--workers", "1", "--fault-slow", "Execute=600000"]);
     let linked = project
         .link("racing/app")
         .compiler(&compiler, &[])
@@ -152,11 +157,7 @@ fn against_a_cluster_too_slow_to_finish_the_local_side_wins_and_teaches_the_cach
 
 #[test]
 fn against_a_slow_local_side_the_cluster_wins_and_the_local_compiles_are_killed() {
-    let (project, expected) = chain_project(4);
-    let tools = tempfile::tempdir().unwrap();
-    let compiler = wrapper(&project, tools.path());
-    let hide = project.dir().display().to_string();
-    let server = Server::start(["--hide", &hide, "--workers", "1"]);
+    let (project, expected, compiler, server, _tools) = setup(4, &["--workers", "1"]);
     fs::write(project.dir().join("slow-local"), "").unwrap();
     let (linked, stats) = racing_link(&project, "racing/app", &compiler, &server, &[]);
     assert_eq!(linked.run_program(), expected);
@@ -207,18 +208,8 @@ fn a_cluster_that_kept_losing_still_wins_the_races_in_flight_when_it_delivers() 
     // jobs go to the cluster at once; the one local slot wins eight races in a row, which stops
     // new jobs going to the cluster but leaves the races in flight their remote sides: the
     // cluster, a queue that starts late, delivers the other four after its hold.
-    let (project, expected) = chain_project(11);
-    let tools = tempfile::tempdir().unwrap();
-    let compiler = wrapper(&project, tools.path());
-    let hide = project.dir().display().to_string();
-    let server = Server::start([
-        "--hide",
-        &hide,
-        "--workers",
-        "4",
-        "--fault-slow",
-        "Execute=5000",
-    ]);
+    let (project, expected, compiler, server, _tools) =
+        setup(11, &["--workers", "4", "--fault-slow", "Execute=5000"]);
     fs::write(project.dir().join("slow-local-after"), "8").unwrap();
     let linked = project
         .link("app")
