@@ -124,17 +124,8 @@ fn against_a_cluster_too_slow_to_finish_the_local_side_wins_and_teaches_the_cach
     // One worker, every Execute held for ten minutes: only local compiles can finish.
     let (project, expected, compiler, server, _tools) =
         setup(4, &["--workers", "1", "--fault-slow", "Execute=600000"]);
-    let linked = project
-        .link("racing/app")
-        .compiler(&compiler, &[])
-        .remote(server.url())
-        .distributor_args(["--strategy=racing", "--jobs=2"])
-        .stats_json()
-        .save_temps()
-        .run();
-    linked.assert_success();
+    let (linked, stats) = racing_link(&project, "racing/app", &compiler, &server, &[]);
     assert_eq!(linked.run_program(), expected);
-    let stats = linked.stats();
     assert_eq!(stats.ran(), ran_only("local", 5), "{stats}");
     assert_eq!(winners(&stats), vec!["local"; 5], "{stats}");
     for job in stats.jobs() {
