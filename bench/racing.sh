@@ -15,7 +15,9 @@
 #             cluster's compile runs on this machine's other core at the same time as the local
 #             one and slows it (they share caches and memory, which a separate cluster does not)
 # and three variants in each: local (no cluster), remote (--strategy=remote) and racing
-# (--strategy=racing), interleaved round by round so that a change in machine load hits each alike.
+# (--strategy=racing), interleaved round by round so that a change in machine load hits each alike,
+# and in each of the six orders in turn, so that each follows each about as often (in `held`, the
+# link after a remote-only one, which leaves the link's core idle for 3 s, was up to 8% slower).
 # Each scenario's server is started once and first given the compiler (a one-module link), so the
 # links measure compiles, not the compiler's one-time upload; in `slow` and `distant` each link adds
 # a backend flag of its own (-DBENCH_LINK=n, which changes nothing in the objects) so that its
@@ -28,7 +30,7 @@
 # cluster does (measured: local compiles 40-60% slower during a race, as the server's actions cost
 # more than the local compiles they race). --jobs and the server's workers are each half the cores.
 # Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
-# remote (and the same ratio of medians over the rounds), where racing's jobs ended (won locally /
+# remote (and the same ratio of medians over the rounds, with a 95% bootstrap interval), where racing's jobs ended (won locally /
 # won remotely / cache hits), the distributor's own CPU (`cpu_ms` of --stats-json: its compiles' not
 # included), and every round's time; then, from
 # each link's --trace, the medians over rounds of where the distributor's time went: when its first
@@ -162,8 +164,11 @@ for scenario in $scenarios; do
         cache=$out/$scenario-lld-cache && rm -rf "$cache"
         link "$scenario" remote warmup -Wl,--thinlto-cache-dir="$cache"
     fi
+    orders=("local remote racing" "racing remote local" "remote racing local" "local racing remote"
+        "racing local remote" "remote local racing")
     for round in $(seq "$runs"); do
-        for variant in local remote racing; do
+        # shellcheck disable=SC2086 # one order, split into its variants
+        for variant in ${orders[round % 6]}; do
             if edits_each_link "$scenario"; then
                 edit "$scenario"
                 link "$scenario" "$variant" "$variant" -Wl,--thinlto-cache-dir="$cache"
@@ -182,23 +187,41 @@ echo "$modules modules x $functions functions, --jobs=$jobs, best of $runs; slow
     "imports: $import_modules modules x 1 function importing from $imports each, one module edited;" \
     "held: relink with every Execute held ${held_ms} ms"
 python3 - "$out/times.tsv" <<'PY'
-import collections, statistics, sys
+import collections, random, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     scenario, variant, wall, jobs, won_local, won_remote, hits, cpu_ms = line.split("\t")
     if variant != "warmup":
         rows[(scenario, variant)].append((float(wall), int(jobs), int(won_local), int(won_remote), int(hits), int(cpu_ms)))
-print(f"{'scenario':<9}{'variant':<8}{'link s':>8}{'jobs':>6}{'/ faster of local, remote':>27}{'median, same':>14}{'races won local/remote':>24}{'cache hits':>12}{'own CPU ms':>12}")
+
+
+def median_ratio(walls, variant, picked):
+    """The median of `variant`'s links over the rounds `picked`, against the faster median of local
+    mode and remote-only over the same rounds."""
+    median = lambda v: statistics.median(walls[v][i] for i in picked)
+    return median(variant) / min(median(v) for v in ("local", "remote") if v in walls)
+
+
+print(f"{'scenario':<9}{'variant':<8}{'link s':>8}{'jobs':>6}{'/ faster of local, remote':>27}{'median, same':>14}"
+      f"{'95% interval':>15}{'races won local/remote':>24}{'cache hits':>12}{'own CPU ms':>12}")
 for scenario in dict.fromkeys(s for s, _ in rows):
     variants = [v for v in ("local", "remote", "racing") if (scenario, v) in rows]
     best = {v: min(rows[(scenario, v)]) for v in variants}
-    # Medians too: the best of a few one-job links is often one lucky round.
-    median = {v: statistics.median(r[0] for r in rows[(scenario, v)]) for v in variants}
     faster = min(best[v][0] for v in ("local", "remote") if v in best)
-    faster_median = min(median[v] for v in ("local", "remote") if v in median)
+    # Medians too: the best of a few one-job links is often one lucky round. The interval is a
+    # bootstrap over rounds (each round's links resampled together, as they ran together), so a
+    # ratio of medians can be told apart from the rounds' noise.
+    walls = {v: [r[0] for r in rows[(scenario, v)]] for v in variants}
+    rounds = min(len(w) for w in walls.values())
+    every = range(rounds)
+    sampler = random.Random(1)
+    samples = [[sampler.randrange(rounds) for _ in every] for _ in range(2000)]
     for variant, (wall, jobs, won_local, won_remote, hits, cpu_ms) in best.items():
         races = f"{won_local}/{won_remote}" if variant == "racing" else "-"
-        print(f"{scenario:<9}{variant:<8}{wall:>8.2f}{jobs:>6}{wall / faster:>27.3f}{median[variant] / faster_median:>14.3f}{races:>24}{hits:>12}{cpu_ms:>12}")
+        spread = sorted(median_ratio(walls, variant, picked) for picked in samples)
+        interval = f"{spread[50]:.3f}-{spread[1949]:.3f}" if rounds > 1 else "-"
+        print(f"{scenario:<9}{variant:<8}{wall:>8.2f}{jobs:>6}{wall / faster:>27.3f}"
+              f"{median_ratio(walls, variant, every):>14.3f}{interval:>15}{races:>24}{hits:>12}{cpu_ms:>12}")
 print("rounds (link s, in order):")
 for (scenario, variant), runs in rows.items():
     print(f"  {scenario:<9}{variant:<8}" + " ".join(f"{r[0]:.2f}" for r in runs))
