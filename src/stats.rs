@@ -98,7 +98,8 @@ pub struct Degraded {
     /// failures, without asking it anything (but for the job whose lookup made the switch); after
     /// one for losing, each after a miss in its action cache.
     pub local_jobs: u64,
-    /// Whether the cluster, having kept losing, delivered a race in flight and got new jobs again.
+    /// Whether the cluster, having kept losing, delivered a race in flight and got new jobs again
+    /// (after the last switch, if it kept losing more than once).
     #[serde(default)]
     pub resumed: bool,
 }

@@ -35,7 +35,7 @@ pub(super) struct Health {
     losing: AtomicBool,
     /// Why the link last stopped sending jobs to the cluster.
     reason: Mutex<Option<String>>,
-    /// Whether the cluster delivered again after losing, and got new jobs again.
+    /// Whether the cluster delivered again after it last kept losing, and got new jobs again.
     resumed: AtomicBool,
     /// Jobs compiled locally without racing the cluster after a switch.
     local_jobs: AtomicU64,
@@ -114,6 +114,8 @@ impl Health {
             let why = format!("local compiles won {wins} races in a row against the cluster");
             let then = "new jobs compile locally without racing it until it delivers one in flight";
             self.switch(ctx, "racing-losing", &why, then);
+            // A cluster that delivered and then kept losing again is not back at the end.
+            self.resumed.store(false, Ordering::Relaxed);
         }
     }
 
@@ -124,5 +126,90 @@ impl Health {
             *reason = Some(why.to_owned());
         }
         ctx.reporter.warn_once(kind, &format!("{why}; {then}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::jobs::JobFile;
+    use crate::report::Reporter;
+
+    fn context() -> RunContext {
+        let job_file = json!({"common": {"linker_output": "a.out", "args": ["clang", "-c"], "inputs": []},
+                              "jobs": []});
+        RunContext {
+            job_file: Arc::new(JobFile::from_json(Path::new("a.json"), &job_file).unwrap()),
+            reporter: Arc::new(Reporter::new(0, true, false, false)),
+            cancel: CancellationToken::new(),
+            keep_going: false,
+            trace: None,
+        }
+    }
+
+    fn lose(health: &Health, ctx: &RunContext, races: u32) {
+        for _ in 0..races {
+            health.local_won(ctx);
+        }
+    }
+
+    #[test]
+    fn a_cluster_that_keeps_losing_gets_no_new_races_until_it_delivers() {
+        let (ctx, health) = (context(), Health::new(2));
+        lose(&health, &ctx, 7);
+        assert!(
+            !health.losing(),
+            "eight local wins in a row at least, with two slots"
+        );
+        lose(&health, &ctx, 1);
+        assert!(health.losing());
+        assert!(!health.failed.is_cancelled(), "losing is not failing");
+        let report = health.report().expect("the switch is reported");
+        assert!(
+            report.reason.contains("won 8 races in a row"),
+            "{}",
+            report.reason
+        );
+        assert!(!report.resumed);
+
+        health.remote_delivered();
+        assert!(!health.losing());
+        assert!(health.report().unwrap().resumed);
+    }
+
+    #[test]
+    fn resumed_tells_whether_the_cluster_is_back_after_its_last_switch() {
+        let (ctx, health) = (context(), Health::new(1));
+        lose(&health, &ctx, 8);
+        health.remote_delivered();
+        lose(&health, &ctx, 8);
+        assert!(health.losing());
+        assert!(!health.report().unwrap().resumed, "it kept losing again");
+    }
+
+    #[test]
+    fn a_cluster_that_keeps_failing_is_dropped_for_good_at_the_third_failure() {
+        let (ctx, health) = (context(), Health::new(4));
+        health.remote_failed(&ctx, "UNAVAILABLE");
+        health.remote_failed(&ctx, "UNAVAILABLE");
+        health.remote_delivered();
+        health.remote_failed(&ctx, "UNAVAILABLE");
+        health.remote_failed(&ctx, "UNAVAILABLE");
+        assert!(
+            !health.failed.is_cancelled(),
+            "a delivery between resets the count"
+        );
+        health.remote_failed(&ctx, "DEADLINE_EXCEEDED");
+        assert!(health.failed.is_cancelled());
+        let reason = health.report().unwrap().reason;
+        assert!(
+            reason.contains("failed 3 jobs in a row (last: DEADLINE_EXCEEDED)"),
+            "{reason}"
+        );
     }
 }
