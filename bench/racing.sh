@@ -30,10 +30,10 @@
 # cluster does (measured: local compiles 40-60% slower during a race, as the server's actions cost
 # more than the local compiles they race). --jobs and the server's workers are each half the cores.
 # Prints, per scenario, the best wall time of each variant, its ratio to the faster of local and
-# remote (and the same ratio of medians over the rounds, with a 95% bootstrap interval), where racing's jobs ended (won locally /
-# won remotely / cache hits), the distributor's own CPU (`cpu_ms` of --stats-json: its compiles' not
-# included), and every round's time; then, from
-# each link's --trace, the medians over rounds of where the distributor's time went: when its first
+# remote (and the same ratio of medians over the rounds, with a 95% bootstrap interval), where
+# racing's jobs ended (won locally / won remotely / cache hits), the distributor's own CPU (`cpu_ms`
+# of --stats-json: its compiles' not included), and every round's time; then, from each link's
+# --trace, the medians over rounds of where the distributor's time went: when its first
 # local compile started, how long local compiles ran, how long storing a local winner's result
 # took, and when its last job ended. Fails unless every program prints what the local one prints.
 #
