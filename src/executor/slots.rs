@@ -2,10 +2,11 @@
 //!
 //! Most local compiles must run: every job in local mode, a cache-only miss, a job the cluster gave
 //! up on, a job that does not race a cluster that keeps losing (`health.rs`). Those come first, in
-//! the order they asked: no one else is working on them, while a race's remote side still is. With `--strategy=racing` the slots left over
-//! race jobs the cluster has not finished, and which one a free slot takes decides how much the race
-//! gains: the job the cluster will most likely finish last. A job the cluster has not started yet
-//! (it is still uploading, or queued) goes before one it is executing, and among those:
+//! the order they asked: no one else is working on them, while a race's remote side still is. With
+//! `--strategy=racing` the slots left over race jobs the cluster has not finished, and which one a
+//! free slot takes decides how much the race gains: the job the cluster will most likely finish
+//! last. A job the cluster has not started yet (it is still uploading, or queued) goes before one
+//! it is executing, and among those:
 //!
 //! - not started: the one sent to the cluster last, which reaches a worker last when the cluster is
 //!   a queue (so the local slots work from the back of the queue while its workers work from the
